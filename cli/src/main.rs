@@ -1,0 +1,2 @@
+//! The warden CLI.
+fn main() {}

@@ -1,0 +1,15 @@
+//! Warden's domain model: identities, signals agents send, findings and incidents, and
+//! the versioned agent-to-controller wire format.
+//!
+//! This crate does no IO and knows no runtime: every other crate speaks through it.
+
+pub mod ids;
+pub mod incident;
+pub mod time;
+pub mod wire;
+
+pub use ids::{CommId, GpuRef, JobId, NodeName, Rank};
+pub use incident::{
+    Evidence, Finding, Incident, IncidentKind, IncidentState, Severity, TimelineEntry,
+};
+pub use time::Timestamp;

@@ -1,0 +1,1 @@
+//! Warden simulator.
