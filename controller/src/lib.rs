@@ -1,1 +1,16 @@
-//! Warden controller.
+//! Warden controller: ingest of agent batches, per-job state, pure detectors for hangs,
+//! stragglers, slow links, NaNs, crashes and GPU faults, and incidents built from their
+//! findings; plus the HTTP API that serves them.
+
+pub mod api;
+pub mod clock;
+pub mod config;
+pub mod detect;
+pub mod engine;
+pub mod incidents;
+pub mod metrics;
+pub mod state;
+pub mod view;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use engine::{Change, Encoding, Engine, EngineConfig, EngineStats, IncidentChange, SharedEngine};

@@ -1,0 +1,1 @@
+//! Placeholder: the api module is being written.

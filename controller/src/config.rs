@@ -1,0 +1,1 @@
+//! Placeholder: the config module is being written.

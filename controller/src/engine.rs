@@ -1,0 +1,238 @@
+//! The engine: decode → job state → detectors → incidents, driven by an injected clock.
+//!
+//! One `Engine` holds the whole controller brain. The HTTP ingest endpoint and the
+//! simulator's in-process transport both call [`Engine::ingest`] with the encoded batch,
+//! so the same decode and state code runs in both; [`Engine::tick`] runs the detectors
+//! at a time the caller chooses (a timer in production, virtual time in simulation).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use warden_model::wire::{Batch, DecodeError};
+use warden_model::{Incident, IncidentKind, IncidentState, Timestamp};
+
+use crate::detect::{DetectConfig, Detectors};
+use crate::incidents::IncidentBook;
+use crate::state::Cluster;
+use crate::view::{IncidentView, JobView, RankView};
+
+/// How an ingest body is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// Envelope + protobuf (`application/vnd.warden.batch`).
+    Binary,
+    /// JSON (`application/json`), for debugging.
+    Json,
+}
+
+/// Engine settings.
+#[derive(Debug, Clone, Default)]
+pub struct EngineConfig {
+    /// Detector settings.
+    pub detect: DetectConfig,
+}
+
+/// Counters the engine keeps about itself; `/metrics` exports them.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    /// Batches accepted.
+    pub batches: u64,
+    /// Batches rejected, by reason label (`truncated`, `malformed`, ...).
+    pub rejected: BTreeMap<&'static str, u64>,
+    /// Body bytes accepted.
+    pub bytes: u64,
+    /// Collective events applied.
+    pub collective_events: u64,
+    /// Other records applied (metrics, processes, logs, node events, registrations).
+    pub other_records: u64,
+    /// Records ignored as duplicates or stale.
+    pub stale_records: u64,
+    /// Batches whose agent sequence number showed earlier batches missing.
+    pub batch_gaps: u64,
+    /// Detector passes run.
+    pub ticks: u64,
+    /// Findings produced, by kind.
+    pub findings: BTreeMap<IncidentKind, u64>,
+    /// Seconds between an event and its detection, per incident opened, by kind.
+    pub detection_latency_s: Vec<(IncidentKind, f64)>,
+    /// Lag between agent send time (corrected for clock offset) and receipt, last batch.
+    pub ingest_lag_s: f64,
+}
+
+/// What changed about an incident during a tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// A new incident.
+    Opened,
+    /// New evidence or a wider culprit set on an existing one.
+    Updated,
+    /// Its root cause was re-attributed (e.g. a hang turned out to follow a GPU fault).
+    Reclassified,
+    /// The condition cleared.
+    Resolved,
+}
+
+/// A change to one incident.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentChange {
+    /// Incident id.
+    pub id: String,
+    /// What happened to it.
+    pub change: Change,
+}
+
+/// Decode → state → detect → incidents.
+#[derive(Debug)]
+pub struct Engine {
+    origin: Timestamp,
+    cluster: Cluster,
+    detectors: Detectors,
+    book: IncidentBook,
+    stats: EngineStats,
+}
+
+impl Engine {
+    /// A fresh engine. `origin` is time zero for the `*_s` fields of views.
+    pub fn new(config: EngineConfig, origin: Timestamp) -> Self {
+        Engine {
+            origin,
+            cluster: Cluster::default(),
+            detectors: Detectors::new(config.detect),
+            book: IncidentBook::default(),
+            stats: EngineStats::default(),
+        }
+    }
+
+    /// Time zero of views.
+    pub fn origin(&self) -> Timestamp {
+        self.origin
+    }
+
+    /// Decode one encoded batch and apply it. On error nothing is applied and the
+    /// rejection is counted by reason.
+    pub fn ingest(
+        &mut self,
+        body: &[u8],
+        encoding: Encoding,
+        received_at: Timestamp,
+    ) -> Result<usize, DecodeError> {
+        let decoded = match encoding {
+            Encoding::Binary => Batch::decode_binary(body),
+            Encoding::Json => Batch::decode_json(body),
+        };
+        match decoded {
+            Ok(batch) => {
+                self.stats.bytes += body.len() as u64;
+                Ok(self.apply(batch, received_at))
+            }
+            Err(e) => {
+                *self.stats.rejected.entry(e.reason()).or_default() += 1;
+                Err(e)
+            }
+        }
+    }
+
+    /// Count a rejection decided outside the engine (e.g. `too_large` at the HTTP layer).
+    pub fn count_rejection(&mut self, reason: &'static str) {
+        *self.stats.rejected.entry(reason).or_default() += 1;
+    }
+
+    /// Apply an already decoded batch; returns the number of records applied.
+    pub fn apply(&mut self, batch: Batch, received_at: Timestamp) -> usize {
+        self.stats.batches += 1;
+        self.cluster.apply(batch, received_at, &mut self.stats)
+    }
+
+    /// Run every detector at `now` and fold their findings into incidents.
+    pub fn tick(&mut self, now: Timestamp) -> Vec<IncidentChange> {
+        self.stats.ticks += 1;
+        let verdicts = self.detectors.run(&mut self.cluster, now);
+        for f in &verdicts.findings {
+            *self.stats.findings.entry(f.kind).or_default() += 1;
+        }
+        let changes = self.book.fold(verdicts, now, &self.cluster);
+        for c in &changes {
+            if c.change == Change::Opened {
+                if let Some(inc) = self.book.get(&c.id) {
+                    self.stats
+                        .detection_latency_s
+                        .push((inc.kind, inc.detected_at.secs_since(inc.onset).max(0.0)));
+                }
+            }
+        }
+        changes
+    }
+
+    /// Every incident, oldest first.
+    pub fn incidents(&self) -> &[Incident] {
+        self.book.all()
+    }
+
+    /// One incident.
+    pub fn incident(&self, id: &str) -> Option<&Incident> {
+        self.book.get(id)
+    }
+
+    /// Incidents as the API shows them, filtered by state, kind and job.
+    pub fn incident_views(
+        &self,
+        state: Option<IncidentState>,
+        kind: Option<IncidentKind>,
+        job: Option<&str>,
+    ) -> Vec<IncidentView> {
+        self.book
+            .all()
+            .iter()
+            .filter(|i| state.is_none_or(|s| i.state == s))
+            .filter(|i| kind.is_none_or(|k| i.kind == k))
+            .filter(|i| job.is_none_or(|j| i.job.as_deref() == Some(j)))
+            .map(|i| IncidentView::new(i, self.origin))
+            .collect()
+    }
+
+    /// Live per-rank progress of a job, or `None` for an unknown job.
+    pub fn rank_views(&self, job: &str, now: Timestamp) -> Option<Vec<RankView>> {
+        self.cluster.rank_views(job, now, self.origin)
+    }
+
+    /// Jobs known to the engine.
+    pub fn job_views(&self) -> Vec<JobView> {
+        let mut v = self.cluster.job_views();
+        for j in &mut v {
+            j.open_incidents = self
+                .book
+                .all()
+                .iter()
+                .filter(|i| i.state != IncidentState::Resolved && i.job.as_deref() == Some(&j.job))
+                .count() as u32;
+        }
+        v
+    }
+
+    /// The engine's own counters.
+    pub fn stats(&self) -> &EngineStats {
+        &self.stats
+    }
+
+    /// Nodes whose agent has been heard from, with the seconds since it was last heard.
+    pub fn agents(&self, now: Timestamp) -> Vec<(String, f64)> {
+        self.cluster.agents(now)
+    }
+}
+
+/// An engine shared between the ingest path, the detector timer and API readers.
+#[derive(Debug, Clone)]
+pub struct SharedEngine(Arc<Mutex<Engine>>);
+
+impl SharedEngine {
+    /// Share `engine`.
+    pub fn new(engine: Engine) -> Self {
+        SharedEngine(Arc::new(Mutex::new(engine)))
+    }
+
+    /// Lock it. A panic while locked poisons nothing of value: the state is plain data,
+    /// so a poisoned lock is taken over rather than propagated.
+    pub fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

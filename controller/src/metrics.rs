@@ -1,0 +1,1 @@
+//! Placeholder: the metrics module is being written.

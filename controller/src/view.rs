@@ -1,0 +1,165 @@
+//! Serialized views of incidents and ranks: what the HTTP API returns and what
+//! `warden sim --report` writes. Times are seconds since the engine's origin (the run's
+//! start in simulation, the Unix epoch in production).
+
+use serde::{Deserialize, Serialize};
+use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity, Timestamp};
+
+/// An incident as the API and reports show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IncidentView {
+    /// Stable identifier.
+    pub id: String,
+    /// Root-cause kind.
+    pub kind: IncidentKind,
+    /// Job concerned.
+    pub job: Option<String>,
+    /// Lifecycle state.
+    pub state: IncidentState,
+    /// Whether a person acknowledged it.
+    pub acknowledged: bool,
+    /// Severity.
+    pub severity: Severity,
+    /// Culprit ranks.
+    pub ranks: Vec<u32>,
+    /// Culprit nodes.
+    pub nodes: Vec<String>,
+    /// Culprit GPUs.
+    pub gpus: Vec<GpuRef>,
+    /// When the problem started (seconds since origin).
+    pub onset_s: f64,
+    /// When it was detected (seconds since origin).
+    pub detected_s: f64,
+    /// When it resolved (seconds since origin).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub resolved_s: Option<f64>,
+    /// Confidence in the culprit, 0..=1.
+    pub confidence: f64,
+    /// One sentence naming the culprit and the symptom.
+    pub summary: String,
+    /// Supporting observations.
+    pub evidence: Vec<EvidenceView>,
+    /// History.
+    pub timeline: Vec<TimelineView>,
+}
+
+/// One piece of evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvidenceView {
+    /// Seconds since origin.
+    pub at_s: f64,
+    /// What was observed.
+    pub text: String,
+}
+
+/// One timeline entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineView {
+    /// Seconds since origin.
+    pub at_s: f64,
+    /// What happened.
+    pub what: String,
+}
+
+fn rel(t: Timestamp, origin: Timestamp) -> f64 {
+    // Millisecond precision is what people and scorers need.
+    (t.secs_since(origin) * 1000.0).round() / 1000.0
+}
+
+impl IncidentView {
+    /// The view of `inc` with times relative to `origin`.
+    pub fn new(inc: &Incident, origin: Timestamp) -> Self {
+        IncidentView {
+            id: inc.id.clone(),
+            kind: inc.kind,
+            job: inc.job.clone(),
+            state: inc.state,
+            acknowledged: inc.acknowledged,
+            severity: inc.severity,
+            ranks: inc.ranks.clone(),
+            nodes: inc.nodes.clone(),
+            gpus: inc.gpus.clone(),
+            onset_s: rel(inc.onset, origin),
+            detected_s: rel(inc.detected_at, origin),
+            resolved_s: inc.resolved_at.map(|t| rel(t, origin)),
+            confidence: (inc.confidence * 1000.0).round() / 1000.0,
+            summary: inc.summary.clone(),
+            evidence: inc
+                .evidence
+                .iter()
+                .map(|e| EvidenceView { at_s: rel(e.at, origin), text: e.text.clone() })
+                .collect(),
+            timeline: inc
+                .timeline
+                .iter()
+                .map(|e| TimelineView { at_s: rel(e.at, origin), what: e.what.clone() })
+                .collect(),
+        }
+    }
+}
+
+/// Live progress of one rank (`GET /api/v1/jobs/{job}/ranks`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankView {
+    /// Global rank.
+    pub rank: u32,
+    /// Node it runs on, when known.
+    pub node: Option<String>,
+    /// GPU index on that node, when known.
+    pub gpu: Option<u32>,
+    /// Whether its process is alive (as last reported).
+    pub alive: bool,
+    /// Exit code or signal, when it exited.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub exit: Option<String>,
+    /// Last optimizer step reported.
+    pub step: Option<u64>,
+    /// Last loss reported.
+    pub loss: Option<f64>,
+    /// Last gradient norm reported.
+    pub grad_norm: Option<f64>,
+    /// Median compute time per iteration relative to the job's median (1.0 = typical).
+    pub compute_ratio: Option<f64>,
+    /// Median transfer time relative to peers doing the same collectives (1.0 = typical).
+    pub transfer_ratio: Option<f64>,
+    /// Progress in each communicator.
+    pub comms: Vec<CommProgressView>,
+    /// When anything was last heard about this rank (seconds since origin).
+    pub last_seen_s: Option<f64>,
+}
+
+/// A rank's progress in one communicator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommProgressView {
+    /// Communicator hash (hex).
+    pub comm: String,
+    /// Communicator name, when known.
+    pub name: String,
+    /// Last sequence number the rank entered.
+    pub last_started_seq: u64,
+    /// Last sequence number that completed on the rank.
+    pub last_completed_seq: u64,
+    /// Seconds the rank has been inside its current collective, if it is in one.
+    pub in_flight_s: Option<f64>,
+}
+
+/// A job as `GET /api/v1/jobs` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    /// Job name.
+    pub job: String,
+    /// Ranks known.
+    pub ranks: u32,
+    /// Nodes known.
+    pub nodes: u32,
+    /// Communicators known.
+    pub comms: u32,
+    /// Ranks whose process exited.
+    pub exited: u32,
+    /// Highest step reported by any rank.
+    pub step: Option<u64>,
+    /// Median iteration time in seconds, when known.
+    pub iteration_s: Option<f64>,
+    /// Open incidents of this job.
+    pub open_incidents: u32,
+}
