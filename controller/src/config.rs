@@ -1,1 +1,388 @@
-//! Placeholder: the config module is being written.
+//! Controller configuration: a YAML file, `WARDEN_*` environment overrides and flags, in
+//! that order of precedence (flags win), validated as a whole so every mistake is
+//! reported at once, each naming the field and where it came from.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::api::DEFAULT_MAX_BATCH_BYTES;
+
+/// Default listen address of the controller.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9460";
+/// Default interval between detector passes, milliseconds.
+pub const DEFAULT_TICK_INTERVAL_MS: u64 = 250;
+/// Smallest accepted `tick_interval_ms`.
+pub const MIN_TICK_INTERVAL_MS: u64 = 10;
+/// Largest accepted `tick_interval_ms`.
+pub const MAX_TICK_INTERVAL_MS: u64 = 60_000;
+/// Largest accepted `max_batch_bytes` (1 GiB).
+pub const MAX_MAX_BATCH_BYTES: u64 = 1 << 30;
+
+/// The controller configuration file, as written. Every field is optional; what is left
+/// out keeps its default.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Address the HTTP API, `/metrics` and the probes listen on (`host:port`).
+    pub listen: Option<String>,
+    /// Largest ingest body accepted, bytes; larger batches are refused with 413.
+    pub max_batch_bytes: Option<u64>,
+    /// Interval between detector passes, milliseconds.
+    pub tick_interval_ms: Option<u64>,
+}
+
+/// The settings a flag can override (`None`: not given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--listen`.
+    pub listen: Option<String>,
+}
+
+/// The effective controller configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerConfig {
+    /// Address the HTTP server listens on.
+    pub listen: SocketAddr,
+    /// Largest ingest body accepted, bytes.
+    pub max_batch_bytes: usize,
+    /// Interval between detector passes, milliseconds.
+    pub tick_interval_ms: u64,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9460)),
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            tick_interval_ms: DEFAULT_TICK_INTERVAL_MS,
+        }
+    }
+}
+
+/// One configuration mistake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Where the value came from: a file path, an environment variable or a flag.
+    pub origin: String,
+    /// The field concerned (`listen`, `max_batch_bytes`, ...), or empty when the whole
+    /// source is unusable (an unreadable file).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}: {}", self.origin, self.message)
+        } else {
+            write!(
+                f,
+                "{}: field `{}`: {}",
+                self.origin, self.field, self.message
+            )
+        }
+    }
+}
+
+/// Every mistake found in a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0.len();
+        write!(
+            f,
+            "{n} configuration error{}",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for e in &self.0 {
+            write!(f, "\n  - {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigFile {
+    /// Parse a YAML document. Every unknown field and every ill-typed value is reported,
+    /// not only the first one.
+    pub fn from_yaml(text: &str, origin: &str) -> Result<ConfigFile, ConfigErrors> {
+        let err = |field: String, message: String| ConfigError {
+            origin: origin.to_owned(),
+            field,
+            message,
+        };
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text)
+            .map_err(|e| ConfigErrors(vec![err(String::new(), e.to_string())]))?;
+        let mapping = match doc {
+            serde_yaml_ng::Value::Null => return Ok(ConfigFile::default()),
+            serde_yaml_ng::Value::Mapping(m) => m,
+            _ => {
+                return Err(ConfigErrors(vec![err(
+                    String::new(),
+                    "expected a mapping of settings at the top level".into(),
+                )]));
+            }
+        };
+        // Check each entry on its own, so one mistake does not hide the next.
+        let mut errors = Vec::new();
+        let mut out = ConfigFile::default();
+        for (key, value) in mapping {
+            let name = match &key {
+                serde_yaml_ng::Value::String(s) => s.clone(),
+                other => format!("{other:?}"),
+            };
+            let mut single = serde_yaml_ng::Mapping::new();
+            single.insert(key, value);
+            let parsed: Result<ConfigFile, _> =
+                serde_path_to_error::deserialize(serde_yaml_ng::Value::Mapping(single));
+            match parsed {
+                Ok(one) => {
+                    out.listen = one.listen.or(out.listen);
+                    out.max_batch_bytes = one.max_batch_bytes.or(out.max_batch_bytes);
+                    out.tick_interval_ms = one.tick_interval_ms.or(out.tick_interval_ms);
+                }
+                Err(e) => errors.push(err(name, e.into_inner().to_string())),
+            }
+        }
+        if errors.is_empty() {
+            Ok(out)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+}
+
+fn parse_listen(value: &str, origin: &str, errors: &mut Vec<ConfigError>) -> Option<SocketAddr> {
+    match value.trim().parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(e) => {
+            errors.push(ConfigError {
+                origin: origin.to_owned(),
+                field: "listen".into(),
+                message: format!("{value:?} is not a socket address like 127.0.0.1:9460 ({e})"),
+            });
+            None
+        }
+    }
+}
+
+fn parse_u64(value: &str, field: &str, origin: &str, errors: &mut Vec<ConfigError>) -> Option<u64> {
+    match value.trim().parse::<u64>() {
+        Ok(n) => Some(n),
+        Err(e) => {
+            errors.push(ConfigError {
+                origin: origin.to_owned(),
+                field: field.into(),
+                message: format!("{value:?} is not a whole number ({e})"),
+            });
+            None
+        }
+    }
+}
+
+impl ControllerConfig {
+    /// The effective configuration: defaults, then the file (when given), then the
+    /// environment (`env` looks a variable up; pass `|k| std::env::var(k).ok()`), then
+    /// the flags. Every error is collected before returning.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<ControllerConfig, ConfigErrors> {
+        let mut errors = Vec::new();
+        let parsed = match file {
+            None => ConfigFile::default(),
+            Some(path) => {
+                let origin = path.display().to_string();
+                match std::fs::read_to_string(path) {
+                    Ok(text) => ConfigFile::from_yaml(&text, &origin).unwrap_or_else(|e| {
+                        errors.extend(e.0);
+                        ConfigFile::default()
+                    }),
+                    Err(e) => {
+                        errors.push(ConfigError {
+                            origin,
+                            field: String::new(),
+                            message: format!("cannot read the file: {e}"),
+                        });
+                        ConfigFile::default()
+                    }
+                }
+            }
+        };
+        let file_origin = file.map_or_else(String::new, |p| p.display().to_string());
+        let mut cfg = ControllerConfig::default();
+
+        // The file.
+        if let Some(l) = &parsed.listen {
+            if let Some(a) = parse_listen(l, &file_origin, &mut errors) {
+                cfg.listen = a;
+            }
+        }
+        let mut batch_origin = file_origin.clone();
+        let mut batch = parsed.max_batch_bytes;
+        let mut tick_origin = file_origin.clone();
+        let mut tick = parsed.tick_interval_ms;
+
+        // The environment.
+        if let Some(v) = env("WARDEN_LISTEN") {
+            if let Some(a) = parse_listen(&v, "environment WARDEN_LISTEN", &mut errors) {
+                cfg.listen = a;
+            }
+        }
+        if let Some(v) = env("WARDEN_MAX_BATCH_BYTES") {
+            batch_origin = "environment WARDEN_MAX_BATCH_BYTES".into();
+            batch = parse_u64(&v, "max_batch_bytes", &batch_origin, &mut errors).or(batch);
+        }
+        if let Some(v) = env("WARDEN_TICK_INTERVAL_MS") {
+            tick_origin = "environment WARDEN_TICK_INTERVAL_MS".into();
+            tick = parse_u64(&v, "tick_interval_ms", &tick_origin, &mut errors).or(tick);
+        }
+
+        // The flags.
+        if let Some(l) = &flags.listen {
+            if let Some(a) = parse_listen(l, "flag --listen", &mut errors) {
+                cfg.listen = a;
+            }
+        }
+
+        // Ranges.
+        if let Some(b) = batch {
+            if b == 0 || b > MAX_MAX_BATCH_BYTES {
+                errors.push(ConfigError {
+                    origin: batch_origin,
+                    field: "max_batch_bytes".into(),
+                    message: format!("{b} is outside 1..={MAX_MAX_BATCH_BYTES}"),
+                });
+            } else {
+                cfg.max_batch_bytes = usize::try_from(b).unwrap_or(usize::MAX);
+            }
+        }
+        if let Some(t) = tick {
+            if !(MIN_TICK_INTERVAL_MS..=MAX_TICK_INTERVAL_MS).contains(&t) {
+                errors.push(ConfigError {
+                    origin: tick_origin,
+                    field: "tick_interval_ms".into(),
+                    message: format!(
+                        "{t} is outside {MIN_TICK_INTERVAL_MS}..={MAX_TICK_INTERVAL_MS}"
+                    ),
+                });
+            } else {
+                cfg.tick_interval_ms = t;
+            }
+        }
+        if errors.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn write(name: &str, text: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("warden-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+
+    #[test]
+    fn defaults_without_file_env_or_flags() {
+        let cfg = ControllerConfig::load(None, no_env, &Overrides::default()).expect("ok");
+        assert_eq!(cfg, ControllerConfig::default());
+        assert_eq!(cfg.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(cfg.max_batch_bytes, 16 * 1024 * 1024);
+    }
+
+    #[test]
+    fn unknown_field_is_named_and_every_error_is_reported() {
+        let text = "listen: 127.0.0.1:1\ntick_intervall_ms: 5\nmax_batch_bytes: lots\n";
+        let errs = ConfigFile::from_yaml(text, "c.yaml").expect_err("must fail");
+        assert_eq!(errs.0.len(), 2, "{errs}");
+        let msg = errs.to_string();
+        assert!(
+            msg.contains("c.yaml: field `tick_intervall_ms`: unknown field"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("field `max_batch_bytes`: invalid type"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn file_then_env_then_flag() {
+        let path = write(
+            "layers.yaml",
+            "listen: 127.0.0.1:7000\ntick_interval_ms: 500\n",
+        );
+        let cfg = ControllerConfig::load(Some(&path), no_env, &Overrides::default()).expect("ok");
+        assert_eq!(cfg.listen.port(), 7000);
+        assert_eq!(cfg.tick_interval_ms, 500);
+
+        let env: HashMap<&str, &str> = [
+            ("WARDEN_LISTEN", "0.0.0.0:7001"),
+            ("WARDEN_TICK_INTERVAL_MS", "100"),
+            ("WARDEN_MAX_BATCH_BYTES", "2048"),
+        ]
+        .into();
+        let lookup = |k: &str| env.get(k).map(|v| (*v).to_owned());
+        let cfg = ControllerConfig::load(Some(&path), lookup, &Overrides::default()).expect("ok");
+        assert_eq!(cfg.listen.to_string(), "0.0.0.0:7001");
+        assert_eq!((cfg.tick_interval_ms, cfg.max_batch_bytes), (100, 2048));
+
+        let flags = Overrides {
+            listen: Some("127.0.0.1:7002".into()),
+        };
+        let cfg = ControllerConfig::load(Some(&path), lookup, &flags).expect("ok");
+        assert_eq!(cfg.listen.port(), 7002);
+    }
+
+    #[test]
+    fn bad_listen_address_names_the_field_and_its_origin() {
+        let flags = Overrides {
+            listen: Some("localhost".into()),
+        };
+        let errs = ControllerConfig::load(None, no_env, &flags).expect_err("must fail");
+        let msg = errs.to_string();
+        assert!(msg.contains("flag --listen: field `listen`"), "{msg}");
+
+        let env = |k: &str| (k == "WARDEN_TICK_INTERVAL_MS").then(|| "fast".to_owned());
+        let path = write("bad-listen.yaml", "listen: ':::'\nmax_batch_bytes: 0\n");
+        let errs = ControllerConfig::load(Some(&path), env, &flags).expect_err("must fail");
+        let fields: Vec<_> = errs.0.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["listen", "tick_interval_ms", "listen", "max_batch_bytes"],
+            "{errs}"
+        );
+    }
+
+    #[test]
+    fn missing_file_is_an_error_naming_it() {
+        let path = Path::new("/nonexistent/warden.yaml");
+        let errs =
+            ControllerConfig::load(Some(path), no_env, &Overrides::default()).expect_err("fails");
+        assert!(
+            errs.to_string()
+                .contains("/nonexistent/warden.yaml: cannot read"),
+            "{errs}"
+        );
+    }
+}

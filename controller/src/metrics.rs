@@ -1,1 +1,359 @@
-//! Placeholder: the metrics module is being written.
+//! Prometheus metrics of the controller: the engine's own counters and incident gauges,
+//! brought up to date from the engine on each scrape and rendered as Prometheus text.
+
+use std::sync::Mutex;
+
+use prometheus::{
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
+use rustc_hash::FxHashMap;
+use warden_model::{IncidentKind, IncidentState, Timestamp};
+
+use crate::engine::Engine;
+
+/// An agent counts as alive when it was heard from within this many seconds.
+pub const AGENT_ALIVE_SECS: f64 = 30.0;
+
+/// Buckets of `warden_detection_latency_seconds`.
+pub const DETECTION_LATENCY_BUCKETS: &[f64] = &[
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+];
+
+/// The `Content-Type` of the rendered text.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Why the metrics could not be set up or rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// A metric could not be created or registered.
+    #[error("registering metrics: {0}")]
+    Register(#[from] prometheus::Error),
+    /// The text encoder produced something that is not UTF-8.
+    #[error("rendering metrics: {0}")]
+    Utf8(#[from] std::string::FromUtf8Error),
+}
+
+/// Engine totals seen at the previous scrape, so counters advance by the difference.
+#[derive(Debug, Default)]
+struct Seen {
+    batches: u64,
+    bytes: u64,
+    collective_events: u64,
+    other_records: u64,
+    stale_records: u64,
+    batch_gaps: u64,
+    ticks: u64,
+    rejected: FxHashMap<&'static str, u64>,
+    findings: FxHashMap<IncidentKind, u64>,
+    incidents: FxHashMap<IncidentKind, u64>,
+    latencies: usize,
+}
+
+/// The controller's metrics and the registry they live in.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    seen: Mutex<Seen>,
+    batches: IntCounter,
+    bytes: IntCounter,
+    rejected: IntCounterVec,
+    collective_events: IntCounter,
+    records: IntCounter,
+    stale_records: IntCounter,
+    batch_gaps: IntCounter,
+    lag: Gauge,
+    ticks: IntCounter,
+    findings: IntCounterVec,
+    incidents_open: IntGaugeVec,
+    incidents_total: IntCounterVec,
+    detection_latency: HistogramVec,
+    agents: IntGauge,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter, MetricsError> {
+    let c = IntCounter::new(name, help)?;
+    registry.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    label: &str,
+) -> Result<IntCounterVec, MetricsError> {
+    let c = IntCounterVec::new(Opts::new(name, help), &[label])?;
+    registry.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+/// Advance `c` to `now` given the total `before` it was last brought to; a total that
+/// went down (a new engine) starts over from zero.
+fn advance(c: &IntCounter, before: &mut u64, now: u64) {
+    if now >= *before {
+        c.inc_by(now - *before);
+    } else {
+        c.inc_by(now);
+    }
+    *before = now;
+}
+
+impl Metrics {
+    /// Create and register every metric; `version` is the build's version label.
+    pub fn new(version: &str) -> Result<Self, MetricsError> {
+        let r = Registry::new();
+        let build = IntGaugeVec::new(
+            Opts::new(
+                "warden_controller_build_info",
+                "Always 1; the version label names the build.",
+            ),
+            &["version"],
+        )?;
+        r.register(Box::new(build.clone()))?;
+        build.with_label_values(&[version]).set(1);
+
+        let m = Metrics {
+            batches: counter(&r, "warden_ingest_batches_total", "Batches accepted.")?,
+            bytes: counter(
+                &r,
+                "warden_ingest_bytes_total",
+                "Body bytes of accepted batches.",
+            )?,
+            rejected: counter_vec(
+                &r,
+                "warden_ingest_rejected_total",
+                "Batches rejected, by reason.",
+                "reason",
+            )?,
+            collective_events: counter(
+                &r,
+                "warden_ingest_collective_events_total",
+                "Collective progress events applied.",
+            )?,
+            records: counter(
+                &r,
+                "warden_ingest_records_total",
+                "Other records applied (metrics, processes, logs, node events, registrations).",
+            )?,
+            stale_records: counter(
+                &r,
+                "warden_ingest_stale_records_total",
+                "Records ignored as duplicates or stale.",
+            )?,
+            batch_gaps: counter(
+                &r,
+                "warden_ingest_batch_gaps_total",
+                "Batches whose sequence number showed earlier batches of the agent missing.",
+            )?,
+            lag: {
+                let g = Gauge::new(
+                    "warden_ingest_lag_seconds",
+                    "Lag between agent send time (corrected for clock offset) and receipt, last batch.",
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            ticks: counter(&r, "warden_detector_ticks_total", "Detector passes run.")?,
+            findings: counter_vec(
+                &r,
+                "warden_findings_total",
+                "Findings produced by the detectors, by kind.",
+                "kind",
+            )?,
+            incidents_open: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "warden_incidents_open",
+                        "Incidents not yet resolved, by kind.",
+                    ),
+                    &["kind"],
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            incidents_total: counter_vec(
+                &r,
+                "warden_incidents_total",
+                "Incidents opened, by kind.",
+                "kind",
+            )?,
+            detection_latency: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "warden_detection_latency_seconds",
+                        "Seconds from the onset of a problem to the incident opening, by kind.",
+                    )
+                    .buckets(DETECTION_LATENCY_BUCKETS.to_vec()),
+                    &["kind"],
+                )?;
+                r.register(Box::new(h.clone()))?;
+                h
+            },
+            agents: {
+                let g =
+                    IntGauge::new("warden_agents", "Agents heard from in the last 30 seconds.")?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            registry: r,
+            seen: Mutex::new(Seen::default()),
+        };
+        // Every kind is present from the start, so dashboards and alerts see zeros.
+        for kind in IncidentKind::ALL {
+            let k = kind.as_str();
+            m.findings.with_label_values(&[k]);
+            m.incidents_open.with_label_values(&[k]).set(0);
+            m.incidents_total.with_label_values(&[k]);
+            m.detection_latency.with_label_values(&[k]);
+        }
+        Ok(m)
+    }
+
+    /// Bring every metric up to date from `engine` at `now`. Cheap: call it with the
+    /// engine locked, then [`Metrics::render`] after releasing the lock.
+    pub fn update(&self, engine: &Engine, now: Timestamp) {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let s = engine.stats();
+        advance(&self.batches, &mut seen.batches, s.batches);
+        advance(&self.bytes, &mut seen.bytes, s.bytes);
+        advance(
+            &self.collective_events,
+            &mut seen.collective_events,
+            s.collective_events,
+        );
+        advance(&self.records, &mut seen.other_records, s.other_records);
+        advance(
+            &self.stale_records,
+            &mut seen.stale_records,
+            s.stale_records,
+        );
+        advance(&self.batch_gaps, &mut seen.batch_gaps, s.batch_gaps);
+        advance(&self.ticks, &mut seen.ticks, s.ticks);
+        self.lag.set(s.ingest_lag_s);
+        for (reason, n) in &s.rejected {
+            let before = seen.rejected.entry(reason).or_default();
+            advance(&self.rejected.with_label_values(&[reason]), before, *n);
+        }
+        for (kind, n) in &s.findings {
+            let before = seen.findings.entry(*kind).or_default();
+            advance(
+                &self.findings.with_label_values(&[kind.as_str()]),
+                before,
+                *n,
+            );
+        }
+
+        let mut open = [0i64; IncidentKind::ALL.len()];
+        let mut total = [0u64; IncidentKind::ALL.len()];
+        for inc in engine.incidents() {
+            if let Some(i) = IncidentKind::ALL.iter().position(|k| *k == inc.kind) {
+                total[i] += 1;
+                if inc.state != IncidentState::Resolved {
+                    open[i] += 1;
+                }
+            }
+        }
+        for (i, kind) in IncidentKind::ALL.into_iter().enumerate() {
+            let k = kind.as_str();
+            self.incidents_open.with_label_values(&[k]).set(open[i]);
+            let before = seen.incidents.entry(kind).or_default();
+            advance(
+                &self.incidents_total.with_label_values(&[k]),
+                before,
+                total[i],
+            );
+        }
+
+        let latencies = &s.detection_latency_s;
+        if latencies.len() < seen.latencies {
+            seen.latencies = 0;
+        }
+        for (kind, secs) in &latencies[seen.latencies..] {
+            self.detection_latency
+                .with_label_values(&[kind.as_str()])
+                .observe(*secs);
+        }
+        seen.latencies = latencies.len();
+
+        let alive = engine
+            .agents(now)
+            .iter()
+            .filter(|(_, ago)| *ago <= AGENT_ALIVE_SECS)
+            .count();
+        self.agents.set(i64::try_from(alive).unwrap_or(i64::MAX));
+    }
+
+    /// Every metric in the Prometheus text format.
+    pub fn render(&self) -> Result<String, MetricsError> {
+        let mut buf = Vec::with_capacity(8 * 1024);
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
+        Ok(String::from_utf8(buf)?)
+    }
+
+    /// The registry, for callers that add metrics of their own.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Encoding, EngineConfig};
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .and_then(|l| l[series.len()..].trim().parse().ok())
+    }
+
+    #[test]
+    fn counters_advance_by_the_difference_between_scrapes() {
+        let m = Metrics::new("9.9.9").expect("metrics");
+        let mut e = Engine::new(EngineConfig::default(), Timestamp::ZERO);
+        let _ = e.ingest(b"nope", Encoding::Binary, Timestamp(1));
+        m.update(&e, Timestamp(1));
+        m.update(&e, Timestamp(1));
+        let text = m.render().expect("render");
+        assert_eq!(
+            value(&text, r#"warden_ingest_rejected_total{reason="truncated"}"#),
+            Some(1.0)
+        );
+        let _ = e.ingest(b"nope", Encoding::Binary, Timestamp(2));
+        e.count_rejection("too_large");
+        m.update(&e, Timestamp(2));
+        let text = m.render().expect("render");
+        assert_eq!(
+            value(&text, r#"warden_ingest_rejected_total{reason="truncated"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&text, r#"warden_ingest_rejected_total{reason="too_large"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&text, r#"warden_controller_build_info{version="9.9.9"}"#),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn every_incident_kind_is_exported_when_none_exist() {
+        let m = Metrics::new("0").expect("metrics");
+        let e = Engine::new(EngineConfig::default(), Timestamp::ZERO);
+        m.update(&e, Timestamp::ZERO);
+        let text = m.render().expect("render");
+        for kind in IncidentKind::ALL {
+            let series = format!("warden_incidents_open{{kind=\"{kind}\"}}");
+            assert_eq!(
+                value(&text, &series),
+                Some(0.0),
+                "{series} missing:\n{text}"
+            );
+            let series = format!("warden_detection_latency_seconds_count{{kind=\"{kind}\"}}");
+            assert_eq!(value(&text, &series), Some(0.0), "{series} missing");
+        }
+        assert_eq!(value(&text, "warden_agents"), Some(0.0));
+    }
+}

@@ -1,0 +1,382 @@
+//! The HTTP API through `Router::oneshot`: ingest in both encodings and every way a
+//! batch is refused, incident queries and their filters, probes and metrics.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::http::{Request, StatusCode, header};
+use serde_json::Value;
+use tower::ServiceExt;
+use warden_controller::api::{ApiState, router};
+use warden_controller::metrics::Metrics;
+use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
+use warden_model::wire::{
+    Batch, CollOp, CollectiveEvent, CommInfo, Heartbeat, JobSignals, MAGIC, RankInfo,
+    TrainingMetric,
+};
+use warden_model::{Timestamp, wire};
+
+const T0: i64 = 1_700_000_000_000_000_000;
+
+fn app_with_limit(max_batch_bytes: usize) -> Router {
+    let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
+    let state = ApiState {
+        engine,
+        clock: Arc::new(ManualClock::new(Timestamp(T0 + 1_000_000_000))),
+        metrics: Arc::new(Metrics::new("test").expect("metrics")),
+        max_batch_bytes,
+    };
+    router(state)
+}
+
+fn app() -> Router {
+    app_with_limit(warden_controller::api::DEFAULT_MAX_BATCH_BYTES)
+}
+
+fn batch() -> Batch {
+    let comm = 0xfeed_beef_u64;
+    let ranks = 0..8u32;
+    Batch {
+        version: 0,
+        node: "node-01".into(),
+        agent_id: "agent-1".into(),
+        boot_id: "boot-1".into(),
+        seq: 1,
+        sent_at_ns: T0,
+        jobs: vec![JobSignals {
+            job: "llama".into(),
+            ranks: ranks
+                .clone()
+                .map(|r| RankInfo {
+                    rank: r,
+                    world_size: 8,
+                    pid: 100 + r,
+                    gpu_index: Some(r),
+                    gpu_uuid: format!("GPU-{r}"),
+                })
+                .collect(),
+            comms: ranks
+                .clone()
+                .map(|r| CommInfo {
+                    comm,
+                    name: "dp-0".into(),
+                    size: 8,
+                    rank: r,
+                    comm_rank: r,
+                })
+                .collect(),
+            collectives: ranks
+                .clone()
+                .map(|r| CollectiveEvent {
+                    comm,
+                    rank: r,
+                    seq: 1,
+                    op: CollOp::AllReduce as i32,
+                    bytes: 1 << 20,
+                    start_ns: T0 - 500_000_000,
+                    end_ns: T0 - 400_000_000,
+                    xfer_ns: 50_000_000,
+                })
+                .collect(),
+            metrics: vec![TrainingMetric {
+                rank: 0,
+                step: 1,
+                at_ns: T0 - 100,
+                loss: Some(2.5),
+                grad_norm: Some(1.0),
+                tokens_per_s: None,
+            }],
+            processes: vec![],
+            logs: vec![],
+        }],
+        gpus: vec![],
+        events: vec![],
+        heartbeat: Some(Heartbeat::default()),
+    }
+}
+
+fn post(body: Vec<u8>, content_type: Option<&str>) -> Request<Body> {
+    let mut r = Request::post("/api/v1/ingest");
+    if let Some(ct) = content_type {
+        r = r.header(header::CONTENT_TYPE, ct);
+    }
+    r.body(Body::from(body)).expect("request")
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).expect("request")
+}
+
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let resp = app.clone().oneshot(req).await.expect("infallible");
+    let status = resp.status();
+    let body = to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+    (status, body.to_vec())
+}
+
+async fn send_json(app: &Router, req: Request<Body>) -> (StatusCode, Value) {
+    let (status, body) = send(app, req).await;
+    let v = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&body)));
+    (status, v)
+}
+
+async fn metrics_text(app: &Router) -> String {
+    let (status, body) = send(app, get("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    String::from_utf8(body).expect("utf8")
+}
+
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l[name.len()..].trim().parse().ok())
+}
+
+#[tokio::test]
+async fn binary_batch_is_accepted_under_every_binary_content_type() {
+    let app = app();
+    for ct in [
+        wire::CONTENT_TYPE_BINARY,
+        "application/octet-stream",
+        "application/x-protobuf",
+    ] {
+        let (status, v) = send_json(&app, post(batch().encode_binary(), Some(ct))).await;
+        assert_eq!(status, StatusCode::OK, "{ct}: {v}");
+        assert!(v["accepted"].is_u64(), "{v}");
+    }
+    let text = metrics_text(&app).await;
+    assert_eq!(
+        series(&text, "warden_ingest_batches_total"),
+        Some(3.0),
+        "{text}"
+    );
+    let bytes = batch().encode_binary().len() as f64 * 3.0;
+    assert_eq!(series(&text, "warden_ingest_bytes_total"), Some(bytes));
+}
+
+#[tokio::test]
+async fn json_batch_is_accepted() {
+    let app = app();
+    let (status, v) = send_json(
+        &app,
+        post(
+            batch().encode_json(),
+            Some("application/json; charset=utf-8"),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(v.get("accepted").is_some());
+}
+
+#[tokio::test]
+async fn truncated_batch_is_400_truncated_and_counted() {
+    let app = app();
+    let bytes = batch().encode_binary();
+    let (status, v) = send_json(
+        &app,
+        post(
+            bytes[..bytes.len() - 3].to_vec(),
+            Some(wire::CONTENT_TYPE_BINARY),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["reason"], "truncated");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("truncated")),
+        "{v}"
+    );
+
+    let before = metrics_text(&app).await;
+    let name = r#"warden_ingest_rejected_total{reason="truncated"}"#;
+    assert_eq!(series(&before, name), Some(1.0), "{before}");
+    let _ = send(
+        &app,
+        post(bytes[..5].to_vec(), Some(wire::CONTENT_TYPE_BINARY)),
+    )
+    .await;
+    let after = metrics_text(&app).await;
+    assert_eq!(series(&after, name), Some(2.0));
+    assert_eq!(series(&after, "warden_ingest_batches_total"), Some(0.0));
+}
+
+#[tokio::test]
+async fn unknown_wire_version_is_400_naming_the_version() {
+    let app = app();
+    let mut bytes = batch().encode_binary();
+    bytes[4] = 7;
+    let (status, v) = send_json(&app, post(bytes, Some(wire::CONTENT_TYPE_BINARY))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["reason"], "unsupported_version");
+    let msg = v["error"].as_str().expect("error text");
+    assert!(msg.contains("version 7"), "{msg}");
+
+    let json = br#"{"version": 3, "node": "n", "sent_at_ns": 1}"#.to_vec();
+    let (status, v) = send_json(&app, post(json, Some("application/json"))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("version 3")),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn garbage_is_400_malformed() {
+    let app = app();
+    let mut bytes = MAGIC.to_vec();
+    bytes.push(wire::WIRE_VERSION);
+    bytes.extend_from_slice(&4u32.to_le_bytes());
+    bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+    let (status, v) = send_json(&app, post(bytes, Some(wire::CONTENT_TYPE_BINARY))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["reason"], "malformed");
+
+    let (status, v) = send_json(&app, post(b"[1, 2, 3]".to_vec(), Some("application/json"))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["reason"], "malformed");
+
+    let (status, v) = send_json(
+        &app,
+        post(
+            b"GET / HTTP/1.1\r\n".to_vec(),
+            Some(wire::CONTENT_TYPE_BINARY),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(v["reason"], "bad_magic");
+}
+
+#[tokio::test]
+async fn oversized_batch_is_413_and_counted() {
+    let app = app_with_limit(1024);
+    let (status, v) = send_json(&app, post(vec![0u8; 4096], Some(wire::CONTENT_TYPE_BINARY))).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("1024")),
+        "{v}"
+    );
+    let text = metrics_text(&app).await;
+    assert_eq!(
+        series(&text, r#"warden_ingest_rejected_total{reason="too_large"}"#),
+        Some(1.0)
+    );
+
+    let (status, _) = send_json(
+        &app,
+        post(batch().encode_binary(), Some(wire::CONTENT_TYPE_BINARY)),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "a batch under the limit still passes"
+    );
+}
+
+#[tokio::test]
+async fn wrong_content_type_is_415() {
+    let app = app();
+    for ct in [Some("text/plain"), None] {
+        let (status, v) = send_json(&app, post(batch().encode_binary(), ct)).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct:?}");
+        let msg = v["error"].as_str().expect("error text");
+        assert!(msg.contains("application/vnd.warden.batch"), "{msg}");
+    }
+}
+
+#[tokio::test]
+async fn incidents_list_is_an_array_and_filters_are_checked() {
+    let app = app();
+    let (status, v) = send_json(&app, get("/api/v1/incidents")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(v, Value::Array(vec![]));
+
+    let (status, v) = send_json(
+        &app,
+        get("/api/v1/incidents?state=open&kind=gpu_fault&job=llama"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert!(v.is_array());
+
+    let (status, v) = send_json(&app, get("/api/v1/incidents?state=sleeping")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let msg = v["error"].as_str().expect("error text");
+    assert!(
+        msg.contains("`state`") && msg.contains("open, diagnosed, mitigating, resolved"),
+        "{msg}"
+    );
+
+    let (status, v) = send_json(&app, get("/api/v1/incidents?kind=meteor")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let msg = v["error"].as_str().expect("error text");
+    assert!(
+        msg.contains("`kind`") && msg.contains("slow_link") && msg.contains("gpu_fault"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_incident_job_and_route_are_404_json() {
+    let app = app();
+    let (status, v) = send_json(&app, get("/api/v1/incidents/inc-does-not-exist")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        v["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("inc-does-not-exist")),
+        "{v}"
+    );
+
+    let (status, v) = send_json(&app, get("/api/v1/jobs/nope/ranks")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("nope")),
+        "{v}"
+    );
+
+    let (status, v) = send_json(&app, get("/api/v2/everything")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(v["error"].is_string());
+
+    let (status, v) = send_json(&app, get("/api/v1/ingest")).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(v["error"].is_string());
+}
+
+#[tokio::test]
+async fn jobs_list_is_an_array() {
+    let app = app();
+    let (status, v) = send_json(&app, get("/api/v1/jobs")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(v.is_array(), "{v}");
+}
+
+#[tokio::test]
+async fn probes_answer() {
+    let app = app();
+    let (status, body) = send(&app, get("/healthz")).await;
+    assert_eq!((status, body.as_slice()), (StatusCode::OK, &b"ok"[..]));
+    let (status, _) = send(&app, get("/readyz")).await;
+    assert_eq!(status, StatusCode::OK);
+    let resp = app
+        .clone()
+        .oneshot(get("/metrics"))
+        .await
+        .expect("infallible");
+    let ct = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    assert!(ct.is_some_and(|c| c.starts_with("text/plain")), "{ct:?}");
+    let text = metrics_text(&app).await;
+    assert!(
+        text.contains(r#"warden_controller_build_info{version="test"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"warden_incidents_open{kind="hang"} 0"#));
+}
