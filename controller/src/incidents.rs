@@ -1,28 +1,477 @@
-//! Incidents (placeholder while the real book lands).
+//! The incident book: folds the detectors' findings into incidents, one per root cause.
+//!
+//! A finding refreshes the open incident of the same kind and culprit; a hang or crash
+//! whose culprit runs on a GPU with an open hardware fault is evidence on that fault,
+//! not an incident of its own; when the root cause shows up after its symptom (a GPU
+//! fault after the hang it caused, a crash after the hang it caused) the symptom's
+//! incident is re-attributed. An incident resolves when its finding stops coming.
 
-use warden_model::{Incident, Timestamp};
+use rustc_hash::FxHashMap;
+use warden_model::{
+    Evidence, Finding, Incident, IncidentKind, IncidentState, Severity, TimelineEntry, Timestamp,
+};
 
 use crate::detect::Verdicts;
-use crate::engine::IncidentChange;
+use crate::engine::{Change, IncidentChange};
 use crate::state::Cluster;
 
-/// Incident book.
+/// Evidence entries kept per incident.
+const MAX_EVIDENCE: usize = 24;
+/// Timeline entries kept per incident.
+const MAX_TIMELINE: usize = 200;
+
+/// Incident book settings.
+#[derive(Debug, Clone)]
+pub struct BookConfig {
+    /// A hang resolves after its finding has been absent this long, seconds.
+    pub hang_quiet_secs: f64,
+    /// Other kinds resolve after this long without their finding, seconds.
+    pub quiet_secs: f64,
+    /// A resolved incident whose finding returns within this window reopens, seconds.
+    pub reopen_secs: f64,
+    /// A hang or crash is explained by a non-fatal GPU fault only this close in time, s.
+    pub explain_window_secs: f64,
+}
+
+impl Default for BookConfig {
+    fn default() -> Self {
+        BookConfig { hang_quiet_secs: 15.0, quiet_secs: 60.0, reopen_secs: 300.0, explain_window_secs: 30.0 }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+struct Extra {
+    last_refresh: Timestamp,
+    root_evidence: Vec<Evidence>,
+    attached: Vec<(String, Evidence)>,
+    fatal: bool,
+}
+
+/// All incidents, oldest first, with their grouping state.
 #[derive(Debug, Default)]
 pub struct IncidentBook {
-    all: Vec<Incident>,
+    config: BookConfig,
+    incidents: Vec<Incident>,
+    extra: Vec<Extra>,
+    index: FxHashMap<String, usize>,
+    counter: u64,
+}
+
+fn precedence(k: IncidentKind) -> u8 {
+    match k {
+        IncidentKind::GpuFault => 0,
+        IncidentKind::Crash => 1,
+        IncidentKind::Nan => 2,
+        IncidentKind::Hang => 3,
+        IncidentKind::SlowLink => 4,
+        IncidentKind::Straggler => 5,
+    }
+}
+
+fn intersects<T: PartialEq>(a: &[T], b: &[T]) -> bool {
+    a.iter().any(|x| b.contains(x))
+}
+
+fn culprit_text(f: &Finding) -> String {
+    let mut parts = Vec::new();
+    if !f.ranks.is_empty() {
+        parts.push(format!("ranks {:?}", f.ranks));
+    }
+    if !f.nodes.is_empty() {
+        parts.push(format!("nodes {:?}", f.nodes));
+    }
+    if !f.gpus.is_empty() {
+        let g: Vec<String> = f.gpus.iter().map(ToString::to_string).collect();
+        parts.push(format!("GPUs [{}]", g.join(", ")));
+    }
+    parts.join(", ")
 }
 
 impl IncidentBook {
-    /// Fold.
-    pub fn fold(&mut self, _v: Verdicts, _now: Timestamp, _c: &Cluster) -> Vec<IncidentChange> {
-        vec![]
+    /// A book with these settings.
+    pub fn new(config: BookConfig) -> Self {
+        IncidentBook { config, ..IncidentBook::default() }
     }
-    /// All.
+
+    /// Every incident, oldest first.
     pub fn all(&self) -> &[Incident] {
-        &self.all
+        &self.incidents
     }
-    /// Get.
+
+    /// One incident by id.
     pub fn get(&self, id: &str) -> Option<&Incident> {
-        self.all.iter().find(|i| i.id == id)
+        self.index.get(id).map(|&i| &self.incidents[i])
+    }
+
+    /// Fold one pass of findings in at `now`; returns what changed.
+    pub fn fold(&mut self, verdicts: Verdicts, now: Timestamp, _cluster: &Cluster) -> Vec<IncidentChange> {
+        let mut findings = verdicts.findings;
+        findings.sort_by_key(|f| precedence(f.kind));
+        let mut changes: Vec<IncidentChange> = Vec::new();
+        for f in findings {
+            if let Some(c) = self.fold_one(f, now) {
+                if !changes.contains(&c) {
+                    changes.push(c);
+                }
+            }
+        }
+        for i in 0..self.incidents.len() {
+            let inc = &self.incidents[i];
+            if inc.state == IncidentState::Resolved {
+                continue;
+            }
+            let quiet =
+                if inc.kind == IncidentKind::Hang { self.config.hang_quiet_secs } else { self.config.quiet_secs };
+            if now.secs_since(self.extra[i].last_refresh) > quiet {
+                let inc = &mut self.incidents[i];
+                inc.state = IncidentState::Resolved;
+                inc.resolved_at = Some(now);
+                inc.updated_at = now;
+                push_timeline(inc, now, format!("resolved: no {} finding for {quiet:.0} s", inc.kind));
+                changes.push(IncidentChange { id: inc.id.clone(), change: Change::Resolved });
+            }
+        }
+        changes
+    }
+
+    fn is_live(&self, i: usize, now: Timestamp) -> bool {
+        let inc = &self.incidents[i];
+        inc.state != IncidentState::Resolved
+            || inc.resolved_at.is_some_and(|t| now.secs_since(t) <= self.config.reopen_secs)
+    }
+
+    /// The live incident this finding refreshes, if any.
+    fn same(&self, f: &Finding, now: Timestamp) -> Option<usize> {
+        (0..self.incidents.len()).rev().find(|&i| {
+            let inc = &self.incidents[i];
+            if inc.kind != f.kind || inc.job != f.job || !self.is_live(i, now) {
+                return false;
+            }
+            match f.kind {
+                // One job hangs, crashes or diverges once at a time.
+                IncidentKind::Hang | IncidentKind::Crash | IncidentKind::Nan => true,
+                IncidentKind::Straggler | IncidentKind::SlowLink => intersects(&inc.nodes, &f.nodes),
+                IncidentKind::GpuFault => {
+                    if inc.gpus.is_empty() && f.gpus.is_empty() {
+                        intersects(&inc.nodes, &f.nodes)
+                    } else {
+                        intersects(&inc.gpus, &f.gpus)
+                    }
+                }
+            }
+        })
+    }
+
+    /// Whether GPU-fault incident `i` explains a stop (hang or crash) with onset `onset`
+    /// on these ranks/nodes.
+    fn explains(&self, i: usize, f: &Finding) -> bool {
+        let inc = &self.incidents[i];
+        if inc.kind != IncidentKind::GpuFault || inc.state == IncidentState::Resolved {
+            return false;
+        }
+        let place = if inc.ranks.is_empty() {
+            intersects(&inc.nodes, &f.nodes)
+        } else {
+            intersects(&inc.ranks, &f.ranks) && (inc.job == f.job || inc.job.is_none())
+        };
+        let close = (f.onset.secs_since(inc.onset)).abs() <= self.config.explain_window_secs;
+        place && (self.extra[i].fatal || close)
+    }
+
+    fn fold_one(&mut self, f: Finding, now: Timestamp) -> Option<IncidentChange> {
+        if let Some(i) = self.same(&f, now) {
+            return self.refresh(i, f, now);
+        }
+        if matches!(f.kind, IncidentKind::Hang | IncidentKind::Crash) {
+            // A stop on a GPU with a hardware fault is that fault's consequence.
+            if let Some(i) = (0..self.incidents.len()).rev().find(|&i| self.explains(i, &f)) {
+                return self.attach(i, f, now);
+            }
+        }
+        if f.kind == IncidentKind::Hang {
+            // A hang in a job that just crashed is the crash's consequence.
+            if let Some(i) = (0..self.incidents.len()).rev().find(|&i| {
+                let inc = &self.incidents[i];
+                inc.kind == IncidentKind::Crash && inc.job == f.job && inc.state != IncidentState::Resolved
+            }) {
+                return self.attach(i, f, now);
+            }
+        }
+        // A root cause that arrives after its symptom takes the symptom's incident over.
+        let symptom = match f.kind {
+            IncidentKind::GpuFault => (0..self.incidents.len()).rev().find(|&i| {
+                let inc = &self.incidents[i];
+                matches!(inc.kind, IncidentKind::Hang | IncidentKind::Crash)
+                    && inc.state != IncidentState::Resolved
+                    && intersects(&inc.ranks, &f.ranks)
+                    && (f.severity == Severity::Critical && f.confidence >= 0.99
+                        || inc.onset.secs_since(f.onset).abs() <= self.config.explain_window_secs)
+            }),
+            IncidentKind::Crash => (0..self.incidents.len()).rev().find(|&i| {
+                let inc = &self.incidents[i];
+                inc.kind == IncidentKind::Hang
+                    && inc.job == f.job
+                    && inc.state != IncidentState::Resolved
+                    && intersects(&inc.ranks, &f.ranks)
+            }),
+            _ => None,
+        };
+        if let Some(i) = symptom {
+            return self.reclassify(i, f, now);
+        }
+        Some(self.open(f, now))
+    }
+
+    fn open(&mut self, f: Finding, now: Timestamp) -> IncidentChange {
+        self.counter += 1;
+        let id = format!("inc-{:013}-{:04}", now.0 / 1_000_000, self.counter);
+        let fatal = f.kind == IncidentKind::GpuFault && f.confidence >= 0.99;
+        let mut inc = Incident {
+            id: id.clone(),
+            kind: f.kind,
+            job: f.job,
+            state: IncidentState::Open,
+            acknowledged: false,
+            severity: f.severity,
+            ranks: f.ranks,
+            nodes: f.nodes,
+            gpus: f.gpus,
+            onset: f.onset.min(now),
+            detected_at: now,
+            updated_at: now,
+            resolved_at: None,
+            confidence: f.confidence,
+            summary: f.summary,
+            evidence: f.evidence.clone(),
+            finding_count: 1,
+            timeline: Vec::new(),
+        };
+        let opened = format!("opened: {}", inc.summary);
+        push_timeline(&mut inc, now, opened);
+        self.index.insert(id.clone(), self.incidents.len());
+        self.incidents.push(inc);
+        self.extra.push(Extra { last_refresh: now, root_evidence: f.evidence, attached: Vec::new(), fatal });
+        IncidentChange { id, change: Change::Opened }
+    }
+
+    fn refresh(&mut self, i: usize, f: Finding, now: Timestamp) -> Option<IncidentChange> {
+        let extra = &mut self.extra[i];
+        extra.last_refresh = now;
+        extra.fatal |= f.kind == IncidentKind::GpuFault && f.confidence >= 0.99;
+        extra.root_evidence = f.evidence;
+        let inc = &mut self.incidents[i];
+        inc.finding_count = inc.finding_count.saturating_add(1);
+        let mut change = None;
+        if inc.state == IncidentState::Resolved {
+            inc.state = IncidentState::Open;
+            inc.resolved_at = None;
+            push_timeline(inc, now, format!("reopened: {}", f.summary));
+            change = Some(Change::Updated);
+        }
+        if inc.ranks != f.ranks || inc.nodes != f.nodes || inc.gpus != f.gpus {
+            inc.ranks = f.ranks;
+            inc.nodes = f.nodes;
+            inc.gpus = f.gpus;
+            push_timeline(inc, now, format!("culprit revised: {}", f.summary));
+            change = Some(Change::Updated);
+        }
+        inc.severity = inc.severity.max(f.severity);
+        inc.confidence = f.confidence;
+        inc.summary = f.summary;
+        inc.updated_at = now;
+        self.rebuild_evidence(i);
+        change.map(|change| IncidentChange { id: self.incidents[i].id.clone(), change })
+    }
+
+    fn attach(&mut self, i: usize, f: Finding, now: Timestamp) -> Option<IncidentChange> {
+        let key = format!("{}:{}", f.kind, culprit_text(&f));
+        let note = Evidence { at: f.onset, text: format!("consequence ({}): {}", f.kind, f.summary) };
+        let extra = &mut self.extra[i];
+        let first = !extra.attached.iter().any(|(k, _)| *k == key);
+        match extra.attached.iter_mut().find(|(k, _)| *k == key) {
+            Some(e) => e.1 = note,
+            None => extra.attached.push((key, note)),
+        }
+        let inc = &mut self.incidents[i];
+        inc.finding_count = inc.finding_count.saturating_add(1);
+        inc.updated_at = now;
+        if first {
+            push_timeline(inc, now, format!("{} attached as a consequence: {}", f.kind, f.summary));
+        }
+        self.rebuild_evidence(i);
+        first.then(|| IncidentChange { id: self.incidents[i].id.clone(), change: Change::Updated })
+    }
+
+    fn reclassify(&mut self, i: usize, f: Finding, now: Timestamp) -> Option<IncidentChange> {
+        let old = {
+            let inc = &self.incidents[i];
+            Finding {
+                kind: inc.kind,
+                job: inc.job.clone(),
+                ranks: inc.ranks.clone(),
+                nodes: inc.nodes.clone(),
+                gpus: inc.gpus.clone(),
+                onset: inc.onset,
+                confidence: inc.confidence,
+                severity: inc.severity,
+                summary: inc.summary.clone(),
+                evidence: vec![],
+            }
+        };
+        let from = old.kind;
+        let extra = &mut self.extra[i];
+        extra.last_refresh = now;
+        extra.fatal = f.kind == IncidentKind::GpuFault && f.confidence >= 0.99;
+        extra.root_evidence = f.evidence;
+        extra.attached.push((
+            format!("{}:{}", old.kind, culprit_text(&old)),
+            Evidence { at: old.onset, text: format!("consequence ({}): {}", old.kind, old.summary) },
+        ));
+        let inc = &mut self.incidents[i];
+        inc.kind = f.kind;
+        if f.job.is_some() {
+            inc.job = f.job;
+        }
+        inc.ranks = f.ranks;
+        inc.nodes = f.nodes;
+        inc.gpus = f.gpus;
+        inc.onset = inc.onset.min(f.onset);
+        inc.confidence = f.confidence;
+        inc.severity = inc.severity.max(f.severity);
+        inc.summary = f.summary;
+        inc.updated_at = now;
+        inc.finding_count = inc.finding_count.saturating_add(1);
+        let what = format!("root cause re-attributed from {from} to {}: {}", inc.kind, inc.summary);
+        push_timeline(inc, now, what);
+        self.rebuild_evidence(i);
+        Some(IncidentChange { id: self.incidents[i].id.clone(), change: Change::Reclassified })
+    }
+
+    fn rebuild_evidence(&mut self, i: usize) {
+        let extra = &self.extra[i];
+        let mut ev = extra.root_evidence.clone();
+        ev.extend(extra.attached.iter().map(|(_, e)| e.clone()));
+        ev.truncate(MAX_EVIDENCE);
+        self.incidents[i].evidence = ev;
+    }
+}
+
+fn push_timeline(inc: &mut Incident, at: Timestamp, what: String) {
+    if inc.timeline.len() >= MAX_TIMELINE {
+        inc.timeline.remove(1);
+    }
+    inc.timeline.push(TimelineEntry { at, what });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_model::GpuRef;
+
+    fn t(s: f64) -> Timestamp {
+        Timestamp::from_secs_f64(1000.0 + s)
+    }
+
+    fn finding(kind: IncidentKind, ranks: &[u32], node: &str, gpu: Option<u32>, onset: f64, conf: f64) -> Finding {
+        Finding {
+            kind,
+            job: Some("j".into()),
+            ranks: ranks.to_vec(),
+            nodes: vec![node.into()],
+            gpus: gpu.map(|index| vec![GpuRef { node: node.into(), index }]).unwrap_or_default(),
+            onset: t(onset),
+            confidence: conf,
+            severity: Severity::Critical,
+            summary: format!("{kind} on {node}"),
+            evidence: vec![],
+        }
+    }
+
+    fn fold(book: &mut IncidentBook, now: f64, fs: Vec<Finding>) -> Vec<IncidentChange> {
+        book.fold(Verdicts { findings: fs }, t(now), &Cluster::default())
+    }
+
+    #[test]
+    fn repeated_findings_make_one_incident() {
+        let mut b = IncidentBook::default();
+        let f = finding(IncidentKind::Straggler, &[40], "node-05", None, 0.0, 0.9);
+        assert_eq!(fold(&mut b, 1.0, vec![f.clone()]).len(), 1);
+        for s in 2..20 {
+            assert!(fold(&mut b, f64::from(s), vec![f.clone()]).is_empty());
+        }
+        assert_eq!(b.all().len(), 1);
+        assert_eq!(b.all()[0].finding_count, 19);
+    }
+
+    #[test]
+    fn a_hang_after_a_fatal_xid_is_evidence_on_the_gpu_fault() {
+        let mut b = IncidentBook::default();
+        fold(&mut b, 1.0, vec![finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.99)]);
+        let ch = fold(&mut b, 5.0, vec![
+            finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.99),
+            finding(IncidentKind::Hang, &[75], "node-09", Some(3), 0.0, 0.97),
+        ]);
+        assert_eq!(b.all().len(), 1, "{:?}", b.all());
+        assert_eq!(b.all()[0].kind, IncidentKind::GpuFault);
+        assert_eq!(ch.len(), 1);
+        assert!(b.all()[0].evidence.iter().any(|e| e.text.contains("consequence (hang)")));
+    }
+
+    #[test]
+    fn a_gpu_fault_reported_after_the_hang_takes_the_incident_over() {
+        let mut b = IncidentBook::default();
+        fold(&mut b, 4.0, vec![finding(IncidentKind::Hang, &[75], "node-09", Some(3), 0.0, 0.97)]);
+        let ch = fold(&mut b, 6.0, vec![
+            finding(IncidentKind::Hang, &[75], "node-09", Some(3), 0.0, 0.97),
+            finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.99),
+        ]);
+        assert_eq!(b.all().len(), 1);
+        assert_eq!(b.all()[0].kind, IncidentKind::GpuFault);
+        assert!(ch.iter().any(|c| c.change == Change::Reclassified));
+    }
+
+    #[test]
+    fn an_old_non_fatal_xid_does_not_swallow_a_later_hang() {
+        let mut b = IncidentBook::default();
+        fold(&mut b, 1.0, vec![finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.9)]);
+        fold(&mut b, 300.0, vec![
+            finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.9),
+            finding(IncidentKind::Hang, &[75], "node-09", Some(3), 295.0, 0.97),
+        ]);
+        let kinds: Vec<IncidentKind> = b.all().iter().map(|i| i.kind).collect();
+        assert_eq!(kinds, vec![IncidentKind::GpuFault, IncidentKind::Hang]);
+    }
+
+    #[test]
+    fn a_hang_in_a_crashed_job_is_the_crash() {
+        let mut b = IncidentBook::default();
+        fold(&mut b, 2.0, vec![finding(IncidentKind::Crash, &[7], "node-00", None, 1.0, 0.97)]);
+        fold(&mut b, 4.0, vec![finding(IncidentKind::Hang, &[3], "node-00", None, 1.0, 0.97)]);
+        assert_eq!(b.all().len(), 1);
+        assert_eq!(b.all()[0].kind, IncidentKind::Crash);
+    }
+
+    #[test]
+    fn an_incident_resolves_when_its_finding_stops_and_reopens_if_it_returns() {
+        let mut b = IncidentBook::default();
+        let f = finding(IncidentKind::Hang, &[1], "node-00", None, 0.0, 0.9);
+        fold(&mut b, 1.0, vec![f.clone()]);
+        let ch = fold(&mut b, 20.0, vec![]);
+        assert_eq!(ch[0].change, Change::Resolved);
+        assert_eq!(b.all()[0].state, IncidentState::Resolved);
+        fold(&mut b, 30.0, vec![f]);
+        assert_eq!(b.all().len(), 1);
+        assert_eq!(b.all()[0].state, IncidentState::Open);
+        assert!(b.all()[0].timeline.iter().any(|e| e.what.starts_with("reopened")));
+    }
+
+    #[test]
+    fn stragglers_on_different_nodes_are_different_incidents() {
+        let mut b = IncidentBook::default();
+        fold(&mut b, 1.0, vec![
+            finding(IncidentKind::Straggler, &[8], "node-01", None, 0.0, 0.9),
+            finding(IncidentKind::Straggler, &[40], "node-05", None, 0.0, 0.9),
+        ]);
+        assert_eq!(b.all().len(), 2);
     }
 }

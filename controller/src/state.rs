@@ -1,30 +1,1050 @@
-//! Per-job state built from agent batches (placeholder while the real one lands).
+//! Per-job state built from agent batches: ranks, communicators and their progress,
+//! per-rank compute and transfer statistics, process exits, training metrics, and GPU
+//! faults per node. Applying a record is idempotent; stale and duplicate records change
+//! nothing. Times are corrected for each agent's clock offset on the way in, so
+//! everything stored is on the controller's clock, except durations, which are measured
+//! on one agent's clock and need no correction.
 
-use warden_model::Timestamp;
-use warden_model::wire::Batch;
+use rustc_hash::{FxHashMap, FxHashSet};
+use warden_model::wire::{
+    Batch, CollectiveEvent, CommInfo, EventSeverity, JobSignals, LogRecord, NodeEvent,
+    NodeEventKind, ProcessState, RankInfo, TrainingMetric,
+};
+use warden_model::{CommId, Timestamp};
 
 use crate::engine::EngineStats;
-use crate::view::{JobView, RankView};
+use crate::view::{CommProgressView, JobView, RankView};
+
+/// "No node" in [`RankState::node`].
+pub const NO_NODE: u32 = u32::MAX;
+
+/// Samples of compute time kept per rank.
+pub const COMPUTE_RING: usize = 32;
+/// Samples of own transfer time kept per rank and communicator.
+pub const XFER_RING: usize = 8;
+/// Per-collective maximum waits kept per communicator (for the adaptive hang bound).
+pub const WAIT_RING: usize = 64;
+/// Clock-offset samples kept per agent.
+const OFFSET_SAMPLES: usize = 32;
+/// Node events remembered per boot for deduplication before the set is reset.
+const MAX_SEEN_EVENTS: usize = 65_536;
+
+/// A fixed-size ring of the most recent samples.
+#[derive(Debug, Clone)]
+pub struct Ring<T: Copy + Default, const N: usize> {
+    buf: [T; N],
+    len: usize,
+    next: usize,
+}
+
+impl<T: Copy + Default, const N: usize> Default for Ring<T, N> {
+    fn default() -> Self {
+        Ring { buf: [T::default(); N], len: 0, next: 0 }
+    }
+}
+
+impl<T: Copy + Default, const N: usize> Ring<T, N> {
+    /// Add a sample, evicting the oldest when full.
+    pub fn push(&mut self, v: T) {
+        self.buf[self.next] = v;
+        self.next = (self.next + 1) % N;
+        self.len = (self.len + 1).min(N);
+    }
+
+    /// Number of samples held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no sample.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The most recent `k` samples (fewer if it holds fewer), newest first.
+    pub fn recent(&self, k: usize) -> impl Iterator<Item = T> + '_ {
+        let k = k.min(self.len);
+        (1..=k).map(move |i| self.buf[(self.next + N - i) % N])
+    }
+}
+
+/// Median of a small slice (sorted in place); `None` when empty.
+pub fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
+
+/// What the controller knows about one node's agent.
+#[derive(Debug, Clone)]
+pub struct AgentState {
+    /// Node name.
+    pub node: String,
+    /// Agent instance id.
+    pub agent_id: String,
+    /// Boot id of the node.
+    pub boot_id: String,
+    /// Last batch sequence number seen from this agent instance.
+    pub last_seq: u64,
+    /// When the last batch arrived (controller clock).
+    pub last_heard: Timestamp,
+    /// Estimated agent clock minus controller clock, ns.
+    pub offset_ns: i64,
+    offset_samples: Ring<i64, OFFSET_SAMPLES>,
+    seen_events: FxHashSet<u64>,
+    /// Collectors the agent reports down.
+    pub collectors_down: Vec<String>,
+}
+
+impl AgentState {
+    fn new(node: &str) -> Self {
+        AgentState {
+            node: node.to_owned(),
+            agent_id: String::new(),
+            boot_id: String::new(),
+            last_seq: 0,
+            last_heard: Timestamp::ZERO,
+            offset_ns: 0,
+            offset_samples: Ring::default(),
+            seen_events: FxHashSet::default(),
+            collectors_down: Vec::new(),
+        }
+    }
+
+    /// Agent time → controller time.
+    #[inline]
+    pub fn correct(&self, agent_ns: i64) -> Timestamp {
+        Timestamp(agent_ns.saturating_sub(self.offset_ns))
+    }
+}
+
+/// A process exit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExitRecord {
+    /// When it exited (controller clock).
+    pub at: Timestamp,
+    /// When the controller learned of it.
+    pub received_at: Timestamp,
+    /// Exit code, if it exited.
+    pub code: Option<i32>,
+    /// Signal, if it was killed.
+    pub signal: Option<i32>,
+    /// Whether its last words blame a peer ("connection closed by peer", ...).
+    pub peer_symptom: bool,
+    /// Process id.
+    pub pid: u32,
+}
+
+impl ExitRecord {
+    /// Whether the exit is a failure (non-zero code or a signal).
+    pub fn abnormal(&self) -> bool {
+        self.signal.is_some() || self.code.is_some_and(|c| c != 0)
+    }
+
+    /// "signal 11 (SIGSEGV)" or "exit code 1".
+    pub fn describe(&self) -> String {
+        match (self.signal, self.code) {
+            (Some(s), _) => format!("signal {s} ({})", signal_name(s)),
+            (None, Some(c)) => format!("exit code {c}"),
+            (None, None) => "unknown exit".to_owned(),
+        }
+    }
+}
+
+/// Conventional name of a Unix signal.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        4 => "SIGILL",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        15 => "SIGTERM",
+        _ => "signal",
+    }
+}
+
+/// The first non-finite training metric a rank reported.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NonFinite {
+    /// Step at which it appeared.
+    pub step: u64,
+    /// 0 when the loss was non-finite (forward pass), 1 when only the gradient norm was.
+    pub stage: u8,
+    /// When it was measured (controller clock).
+    pub at: Timestamp,
+    /// When the controller learned of it.
+    pub received_at: Timestamp,
+}
+
+/// One compute-time sample: the rank's time outside collectives over one iteration.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ComputeSample {
+    /// Seconds of compute in the iteration.
+    pub secs: f32,
+    /// Length of the iteration in seconds (its own clock).
+    pub period: f32,
+    /// When the iteration ended (controller clock).
+    pub at: Timestamp,
+}
+
+/// Everything known about one rank.
+#[derive(Debug, Clone)]
+pub struct RankState {
+    /// Whether any record has mentioned it.
+    pub known: bool,
+    /// Index of its node in [`Cluster::nodes`], or [`NO_NODE`].
+    pub node: u32,
+    /// GPU index on the node.
+    pub gpu: Option<u32>,
+    /// Process id.
+    pub pid: u32,
+    /// Its communicators: (index into [`JobState::comms`], member slot there).
+    pub comms: Vec<(u32, u32)>,
+    /// Exit, once it exited.
+    pub exit: Option<ExitRecord>,
+    /// Whether a log line of its blamed a peer.
+    pub peer_symptom: bool,
+    /// Its last few error-looking log lines (for evidence).
+    pub last_errors: Vec<String>,
+    /// When anything was last heard about it (controller clock).
+    pub last_seen: Timestamp,
+    /// Last step reported.
+    pub step: Option<u64>,
+    /// Last loss reported.
+    pub loss: Option<f64>,
+    /// Last gradient norm reported.
+    pub grad_norm: Option<f64>,
+    /// First non-finite metric.
+    pub nonfinite: Option<NonFinite>,
+    /// Compute time per iteration, most recent last.
+    pub compute: Ring<ComputeSample, COMPUTE_RING>,
+    /// Which of `comms` closes an iteration (the least frequent one), once known.
+    pub anchor: Option<u32>,
+    period_start_ns: i64,
+    period_wait_ns: i64,
+    period_dirty: bool,
+}
+
+impl Default for RankState {
+    fn default() -> Self {
+        RankState {
+            known: false,
+            node: NO_NODE,
+            gpu: None,
+            pid: 0,
+            comms: Vec::new(),
+            exit: None,
+            peer_symptom: false,
+            last_errors: Vec::new(),
+            last_seen: Timestamp::ZERO,
+            step: None,
+            loss: None,
+            grad_norm: None,
+            nonfinite: None,
+            compute: Ring::default(),
+            anchor: None,
+            period_start_ns: 0,
+            period_wait_ns: 0,
+            period_dirty: true,
+        }
+    }
+}
+
+impl RankState {
+    /// Whether its process is (as far as we know) running.
+    pub fn alive(&self) -> bool {
+        self.exit.is_none()
+    }
+}
+
+/// One member of a communicator.
+#[derive(Debug, Clone, Default)]
+pub struct Member {
+    /// Global rank.
+    pub rank: u32,
+    /// Last sequence number it entered.
+    pub last_started_seq: u64,
+    /// When it entered it (controller clock).
+    pub last_started_at: Timestamp,
+    /// Last sequence number that completed on it.
+    pub last_completed_seq: u64,
+    /// When that completed (controller clock).
+    pub last_completed_at: Timestamp,
+    /// Completed collectives seen.
+    pub completions: u32,
+    /// Its own transfer time per collective, seconds.
+    pub xfer: Ring<f32, XFER_RING>,
+}
+
+/// One communicator.
+#[derive(Debug, Clone)]
+pub struct CommState {
+    /// Hash.
+    pub id: CommId,
+    /// Name, when registered.
+    pub name: String,
+    /// Registered size (0 when unknown).
+    pub size: u32,
+    /// Members, in the order they became known.
+    pub members: Vec<Member>,
+    /// Highest sequence number completed by any member.
+    pub max_completed_seq: u64,
+    /// When it completed (controller clock).
+    pub max_completed_at: Timestamp,
+    /// Operation of the last collective seen.
+    pub op: i32,
+    /// Payload of the last collective seen.
+    pub bytes: u64,
+    /// Oldest start of an in-flight record for a sequence number nobody completed yet;
+    /// [`Timestamp::MAX`] when none. A hint: detectors confirm by scanning members.
+    pub inflight_since: Timestamp,
+    /// Maximum wait per recent collective, seconds.
+    pub waits: Ring<f32, WAIT_RING>,
+    block_max: f32,
+    block_n: u32,
+    /// Whether members sit on more than one node (None until computed).
+    pub multi_node: Option<bool>,
+}
+
+impl CommState {
+    fn new(id: CommId) -> Self {
+        CommState {
+            id,
+            name: String::new(),
+            size: 0,
+            members: Vec::new(),
+            max_completed_seq: 0,
+            max_completed_at: Timestamp::ZERO,
+            op: 0,
+            bytes: 0,
+            inflight_since: Timestamp::MAX,
+            waits: Ring::default(),
+            block_max: 0.0,
+            block_n: 0,
+            multi_node: None,
+        }
+    }
+
+    /// Name for people: the registered name, or the hash.
+    pub fn label(&self) -> String {
+        if self.name.is_empty() { format!("comm {}", self.id) } else { format!("comm {}", self.name) }
+    }
+
+    fn record_wait(&mut self, secs: f32) {
+        self.block_max = self.block_max.max(secs);
+        self.block_n += 1;
+        if self.block_n >= self.members.len().max(1) as u32 {
+            self.waits.push(self.block_max);
+            self.block_max = 0.0;
+            self.block_n = 0;
+        }
+    }
+}
+
+/// A GPU's hardware trouble, folded over its events.
+#[derive(Debug, Clone)]
+pub struct GpuTrouble {
+    /// Node index.
+    pub node: u32,
+    /// GPU index; `None` when the events named no GPU.
+    pub gpu: Option<u32>,
+    /// First event (controller clock).
+    pub first_at: Timestamp,
+    /// Last event.
+    pub last_at: Timestamp,
+    /// When the first event was received.
+    pub received_at: Timestamp,
+    /// Worst severity seen.
+    pub severity: EventSeverity,
+    /// (kind, code, count) per distinct event.
+    pub codes: Vec<(NodeEventKind, Option<u32>, u32)>,
+    /// The first line of the worst event.
+    pub message: String,
+}
+
+/// Everything known about one job.
+#[derive(Debug, Default)]
+pub struct JobState {
+    /// Name.
+    pub name: String,
+    /// World size, when registered.
+    pub world_size: u32,
+    /// Ranks by global rank.
+    pub ranks: Vec<RankState>,
+    /// Communicators.
+    pub comms: Vec<CommState>,
+    comm_index: FxHashMap<u64, u32>,
+    /// Bumped whenever compute samples change (lets detectors skip idle passes).
+    pub compute_version: u64,
+    /// Bumped whenever transfer samples change.
+    pub xfer_version: u64,
+}
+
+impl JobState {
+    fn rank_mut(&mut self, rank: u32) -> &mut RankState {
+        let i = rank as usize;
+        if i >= self.ranks.len() {
+            self.ranks.resize_with(i + 1, RankState::default);
+        }
+        let r = &mut self.ranks[i];
+        r.known = true;
+        r
+    }
+
+    fn comm_idx(&mut self, comm: u64) -> u32 {
+        if let Some(&i) = self.comm_index.get(&comm) {
+            return i;
+        }
+        let i = self.comms.len() as u32;
+        self.comms.push(CommState::new(CommId(comm)));
+        self.comm_index.insert(comm, i);
+        i
+    }
+
+    /// The member slot of `rank` in communicator `ci`, creating it if needed.
+    fn slot(&mut self, ci: u32, rank: u32) -> u32 {
+        let r = self.rank_mut(rank);
+        if let Some(&(_, s)) = r.comms.iter().find(|(c, _)| *c == ci) {
+            return s;
+        }
+        let comm = &mut self.comms[ci as usize];
+        let s = comm.members.len() as u32;
+        comm.members.push(Member { rank, ..Member::default() });
+        comm.multi_node = None;
+        self.ranks[rank as usize].comms.push((ci, s));
+        s
+    }
+
+    /// Look up a communicator by hash.
+    pub fn comm(&self, id: u64) -> Option<&CommState> {
+        self.comm_index.get(&id).map(|&i| &self.comms[i as usize])
+    }
+
+    /// Whether rank `r` is inside a collective that its communicator has not completed
+    /// (it is blocked there), as opposed to computing or idle.
+    pub fn blocked_in(&self, r: u32) -> Option<(u32, u64)> {
+        let rank = self.ranks.get(r as usize)?;
+        rank.comms.iter().find_map(|&(ci, s)| {
+            let c = &self.comms[ci as usize];
+            let m = &c.members[s as usize];
+            (m.last_started_seq > m.last_completed_seq && m.last_started_seq > c.max_completed_seq)
+                .then_some((ci, m.last_started_seq))
+        })
+    }
+
+    /// Ranks whose process exited.
+    pub fn exited(&self) -> usize {
+        self.ranks.iter().filter(|r| r.exit.is_some()).count()
+    }
+
+    /// Ranks known.
+    pub fn known_ranks(&self) -> usize {
+        self.ranks.iter().filter(|r| r.known).count()
+    }
+
+    /// Median iteration length over ranks' latest samples, seconds.
+    pub fn iteration_secs(&self) -> Option<f64> {
+        let mut v: Vec<f64> = self
+            .ranks
+            .iter()
+            .filter_map(|r| r.compute.recent(1).next())
+            .map(|s| f64::from(s.period))
+            .collect();
+        median(&mut v)
+    }
+}
 
 /// Everything the controller knows about jobs and nodes.
 #[derive(Debug, Default)]
-pub struct Cluster {}
+pub struct Cluster {
+    /// Jobs by name.
+    pub jobs: FxHashMap<String, JobState>,
+    /// Agents by node name.
+    pub agents: FxHashMap<String, AgentState>,
+    /// Node names; ranks refer to nodes by index here.
+    pub nodes: Vec<String>,
+    node_index: FxHashMap<String, u32>,
+    /// Hardware trouble per (node index, GPU index).
+    pub gpu_trouble: FxHashMap<(u32, Option<u32>), GpuTrouble>,
+}
+
+/// Log lines that mean "a peer went away", which make an exit a symptom, not a cause.
+const PEER_FAILURE_MARKERS: [&str; 7] = [
+    "connection closed by peer",
+    "connection reset by peer",
+    "remote process exited",
+    "peer closed",
+    "broken pipe",
+    "communicator was aborted",
+    "sigterm",
+];
+
+/// Log lines worth keeping as crash evidence.
+const ERROR_MARKERS: [&str; 8] = [
+    "error",
+    "exception",
+    "traceback",
+    "segmentation fault",
+    "fatal",
+    "abort",
+    "killed",
+    "core dumped",
+];
 
 impl Cluster {
-    /// Apply one batch.
-    pub fn apply(&mut self, _b: Batch, _at: Timestamp, _stats: &mut EngineStats) -> usize {
-        0
+    /// Index of a node name, adding it if new.
+    pub fn node_idx(&mut self, name: &str) -> u32 {
+        if let Some(&i) = self.node_index.get(name) {
+            return i;
+        }
+        let i = self.nodes.len() as u32;
+        self.nodes.push(name.to_owned());
+        self.node_index.insert(name.to_owned(), i);
+        i
     }
-    /// Rank views.
-    pub fn rank_views(&self, _job: &str, _now: Timestamp, _origin: Timestamp) -> Option<Vec<RankView>> {
-        None
+
+    /// Name of node index `i`.
+    pub fn node_name(&self, i: u32) -> &str {
+        self.nodes.get(i as usize).map(String::as_str).unwrap_or("?")
     }
-    /// Job views.
+
+    /// Apply one decoded batch received at `now`; returns records applied.
+    pub fn apply(&mut self, batch: Batch, now: Timestamp, stats: &mut EngineStats) -> usize {
+        let node = self.node_idx(&batch.node);
+        let agent = self
+            .agents
+            .entry(batch.node.clone())
+            .or_insert_with(|| AgentState::new(&batch.node));
+        if agent.agent_id != batch.agent_id || agent.boot_id != batch.boot_id {
+            if agent.boot_id != batch.boot_id {
+                agent.seen_events.clear();
+            }
+            agent.agent_id.clone_from(&batch.agent_id);
+            agent.boot_id.clone_from(&batch.boot_id);
+            agent.last_seq = 0;
+        }
+        if batch.seq > agent.last_seq + 1 && agent.last_seq != 0 {
+            stats.batch_gaps += 1;
+        }
+        agent.last_seq = agent.last_seq.max(batch.seq);
+        agent.last_heard = now;
+        // The agent's clock minus ours, less the (positive) transit time: the largest
+        // recent sample is the best estimate of the offset.
+        agent.offset_samples.push(batch.sent_at_ns - now.0);
+        agent.offset_ns = agent.offset_samples.recent(OFFSET_SAMPLES).max().unwrap_or(0);
+        if let Some(hb) = &batch.heartbeat {
+            agent.collectors_down.clone_from(&hb.collectors_down);
+        }
+        stats.ingest_lag_s = now.secs_since(agent.correct(batch.sent_at_ns));
+        let offset = agent.offset_ns;
+        let mut applied = 0;
+
+        for ev in &batch.events {
+            applied += self.apply_node_event(node, &batch.node, ev, offset, now);
+        }
+        for js in batch.jobs {
+            applied += self.apply_job(node, js, offset, now, stats);
+        }
+        applied
+    }
+
+    fn apply_node_event(
+        &mut self,
+        node: u32,
+        node_name: &str,
+        ev: &NodeEvent,
+        offset: i64,
+        now: Timestamp,
+    ) -> usize {
+        let Some(agent) = self.agents.get_mut(node_name) else { return 0 };
+        if !agent.seen_events.insert(ev.id) {
+            return 0;
+        }
+        if agent.seen_events.len() > MAX_SEEN_EVENTS {
+            agent.seen_events.clear();
+            agent.seen_events.insert(ev.id);
+        }
+        let kind = NodeEventKind::from_wire(ev.kind);
+        let severity = EventSeverity::from_wire(ev.severity);
+        let gpu_scoped = matches!(
+            kind,
+            NodeEventKind::Xid
+                | NodeEventKind::Ecc
+                | NodeEventKind::Nvlink
+                | NodeEventKind::Pcie
+                | NodeEventKind::FallenOffBus
+        );
+        if !gpu_scoped || severity < EventSeverity::Warning {
+            return 1;
+        }
+        let at = Timestamp(ev.at_ns.saturating_sub(offset));
+        let t = self.gpu_trouble.entry((node, ev.gpu_index)).or_insert_with(|| GpuTrouble {
+            node,
+            gpu: ev.gpu_index,
+            first_at: at,
+            last_at: at,
+            received_at: now,
+            severity,
+            codes: Vec::new(),
+            message: ev.message.clone(),
+        });
+        t.last_at = t.last_at.max(at);
+        if severity > t.severity {
+            t.severity = severity;
+            t.message.clone_from(&ev.message);
+        }
+        let count = ev.count.max(1);
+        match t.codes.iter_mut().find(|(k, c, _)| *k == kind && *c == ev.code) {
+            Some(e) => e.2 = e.2.saturating_add(count),
+            None => t.codes.push((kind, ev.code, count)),
+        }
+        1
+    }
+
+    fn apply_job(
+        &mut self,
+        node: u32,
+        js: JobSignals,
+        offset: i64,
+        now: Timestamp,
+        stats: &mut EngineStats,
+    ) -> usize {
+        let job = self
+            .jobs
+            .entry(js.job.clone())
+            .or_insert_with(|| JobState { name: js.job.clone(), ..JobState::default() });
+        let mut n = 0;
+        for r in &js.ranks {
+            apply_rank_info(job, node, r, now);
+            n += 1;
+        }
+        for c in &js.comms {
+            apply_comm_info(job, c);
+            n += 1;
+        }
+        for ev in &js.collectives {
+            if apply_collective(job, ev, offset, now) {
+                stats.collective_events += 1;
+            } else {
+                stats.stale_records += 1;
+            }
+        }
+        for l in &js.logs {
+            apply_log(job, l);
+            n += 1;
+        }
+        for m in &js.metrics {
+            apply_metric(job, m, offset, now);
+            n += 1;
+        }
+        for p in &js.processes {
+            apply_process(job, p, offset, now);
+            n += 1;
+        }
+        stats.other_records += n as u64;
+        n + js.collectives.len()
+    }
+
+    /// Live progress of a job's ranks.
+    pub fn rank_views(&self, job: &str, now: Timestamp, origin: Timestamp) -> Option<Vec<RankView>> {
+        let js = self.jobs.get(job)?;
+        let compute_med = job_compute_median(js);
+        let mut out = Vec::with_capacity(js.ranks.len());
+        for (i, r) in js.ranks.iter().enumerate() {
+            if !r.known {
+                continue;
+            }
+            let comms = r
+                .comms
+                .iter()
+                .map(|&(ci, s)| {
+                    let c = &js.comms[ci as usize];
+                    let m = &c.members[s as usize];
+                    CommProgressView {
+                        comm: c.id.to_string(),
+                        name: c.name.clone(),
+                        last_started_seq: m.last_started_seq,
+                        last_completed_seq: m.last_completed_seq,
+                        in_flight_s: (m.last_started_seq > m.last_completed_seq)
+                            .then(|| now.secs_since(m.last_started_at).max(0.0)),
+                    }
+                })
+                .collect();
+            let own = rank_compute_median(r, 8);
+            out.push(RankView {
+                rank: i as u32,
+                node: (r.node != NO_NODE).then(|| self.node_name(r.node).to_owned()),
+                gpu: r.gpu,
+                alive: r.alive(),
+                exit: r.exit.as_ref().map(ExitRecord::describe),
+                step: r.step,
+                loss: r.loss.filter(|x| x.is_finite()),
+                grad_norm: r.grad_norm.filter(|x| x.is_finite()),
+                compute_ratio: own.zip(compute_med).map(|(a, b)| if b > 0.0 { a / b } else { 1.0 }),
+                transfer_ratio: None,
+                comms,
+                last_seen_s: (r.last_seen > Timestamp::ZERO).then(|| r.last_seen.secs_since(origin)),
+            });
+        }
+        Some(out)
+    }
+
+    /// Summaries of all jobs.
     pub fn job_views(&self) -> Vec<JobView> {
-        vec![]
+        let mut v: Vec<JobView> = self
+            .jobs
+            .values()
+            .map(|j| {
+                let mut nodes: Vec<u32> = j.ranks.iter().map(|r| r.node).filter(|&n| n != NO_NODE).collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                JobView {
+                    job: j.name.clone(),
+                    ranks: j.known_ranks() as u32,
+                    nodes: nodes.len() as u32,
+                    comms: j.comms.len() as u32,
+                    exited: j.exited() as u32,
+                    step: j.ranks.iter().filter_map(|r| r.step).max(),
+                    iteration_s: j.iteration_secs(),
+                    open_incidents: 0,
+                }
+            })
+            .collect();
+        v.sort_by(|a, b| a.job.cmp(&b.job));
+        v
     }
-    /// Agents.
-    pub fn agents(&self, _now: Timestamp) -> Vec<(String, f64)> {
-        vec![]
+
+    /// (node, seconds since last heard) per agent.
+    pub fn agents(&self, now: Timestamp) -> Vec<(String, f64)> {
+        let mut v: Vec<(String, f64)> =
+            self.agents.values().map(|a| (a.node.clone(), now.secs_since(a.last_heard))).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+/// Median of a rank's last `k` compute samples.
+pub fn rank_compute_median(r: &RankState, k: usize) -> Option<f64> {
+    let mut v: Vec<f64> = r.compute.recent(k).map(|s| f64::from(s.secs)).collect();
+    median(&mut v)
+}
+
+fn job_compute_median(js: &JobState) -> Option<f64> {
+    let mut v: Vec<f64> = js.ranks.iter().filter_map(|r| rank_compute_median(r, 8)).collect();
+    median(&mut v)
+}
+
+fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestamp) {
+    if info.world_size > 0 {
+        job.world_size = info.world_size;
+    }
+    let r = job.rank_mut(info.rank);
+    r.node = node;
+    r.gpu = info.gpu_index;
+    if info.pid != 0 && info.pid != r.pid {
+        // A new process for this rank (a restart) starts a new life.
+        if r.pid != 0 && r.exit.is_some() {
+            r.exit = None;
+            r.peer_symptom = false;
+            r.nonfinite = None;
+        }
+        r.pid = info.pid;
+    }
+    r.last_seen = r.last_seen.max(now);
+}
+
+fn apply_comm_info(job: &mut JobState, info: &CommInfo) {
+    let ci = job.comm_idx(info.comm);
+    {
+        let c = &mut job.comms[ci as usize];
+        if c.name.is_empty() && !info.name.is_empty() {
+            c.name.clone_from(&info.name);
+        }
+        if info.size > 0 {
+            c.size = info.size;
+        }
+    }
+    job.slot(ci, info.rank);
+}
+
+/// Apply one collective record; false when it was stale or a duplicate.
+fn apply_collective(job: &mut JobState, ev: &CollectiveEvent, offset: i64, now: Timestamp) -> bool {
+    let ci = job.comm_idx(ev.comm);
+    let slot = job.slot(ci, ev.rank);
+    let start = Timestamp(ev.start_ns.saturating_sub(offset));
+    let comm = &mut job.comms[ci as usize];
+    comm.op = ev.op;
+    comm.bytes = ev.bytes;
+    let max_completed = comm.max_completed_seq;
+    let m = &mut comm.members[slot as usize];
+    let mut fresh = false;
+    if ev.seq > m.last_started_seq {
+        m.last_started_seq = ev.seq;
+        m.last_started_at = start;
+        fresh = true;
+    }
+    if ev.in_flight() {
+        if ev.seq > m.last_completed_seq && ev.seq > max_completed {
+            comm.inflight_since = comm.inflight_since.min(start);
+        }
+        job.ranks[ev.rank as usize].last_seen = now;
+        return fresh || ev.seq == m.last_started_seq;
+    }
+    if ev.seq <= m.last_completed_seq {
+        return false;
+    }
+    let gap = m.last_completed_seq != 0 && ev.seq != m.last_completed_seq + 1;
+    m.last_completed_seq = ev.seq;
+    m.last_completed_at = Timestamp(ev.end_ns.saturating_sub(offset));
+    m.completions = m.completions.saturating_add(1);
+    if ev.xfer_ns > 0 {
+        m.xfer.push(ev.xfer_ns as f32 / 1e9);
+        job.xfer_version += 1;
+    }
+    let completions = m.completions;
+    let end_at = m.last_completed_at;
+    let wait_ns = ev.end_ns - ev.start_ns;
+    if ev.seq > comm.max_completed_seq {
+        comm.max_completed_seq = ev.seq;
+        comm.max_completed_at = end_at;
+        comm.inflight_since = Timestamp::MAX;
+    }
+    comm.record_wait(wait_ns as f32 / 1e9);
+
+    // Compute-time accounting: an iteration runs from one completion of the rank's
+    // anchor communicator to the next; compute = its length minus time spent waiting
+    // inside collectives. Both are durations on the rank's own clock.
+    let rank = &mut job.ranks[ev.rank as usize];
+    rank.last_seen = now;
+    rank.period_dirty |= gap;
+    rank.period_wait_ns += wait_ns;
+    if rank.anchor.is_none() && completions >= 4 {
+        let anchor = choose_anchor(&job.comms, &job.ranks[ev.rank as usize].comms);
+        job.ranks[ev.rank as usize].anchor = anchor;
+    }
+    let rank = &mut job.ranks[ev.rank as usize];
+    let pos = rank.comms.iter().position(|&(c, _)| c == ci).map(|p| p as u32);
+    if pos.is_some() && pos == rank.anchor {
+        let period = ev.end_ns - rank.period_start_ns;
+        if !rank.period_dirty && rank.period_start_ns > 0 && period > 0 {
+            let compute = (period - rank.period_wait_ns).max(0);
+            rank.compute.push(ComputeSample {
+                secs: compute as f32 / 1e9,
+                period: period as f32 / 1e9,
+                at: end_at,
+            });
+            job.compute_version += 1;
+        }
+        rank.period_start_ns = ev.end_ns;
+        rank.period_wait_ns = 0;
+        rank.period_dirty = false;
+    }
+    true
+}
+
+/// The rank's least frequent communicator, once every one has a few completions.
+fn choose_anchor(comms: &[CommState], mine: &[(u32, u32)]) -> Option<u32> {
+    let counts: Vec<u32> =
+        mine.iter().map(|&(ci, s)| comms[ci as usize].members[s as usize].completions).collect();
+    if counts.iter().any(|&c| c < 2) {
+        return None;
+    }
+    counts.iter().enumerate().min_by_key(|&(_, c)| *c).map(|(i, _)| i as u32)
+}
+
+fn apply_metric(job: &mut JobState, m: &TrainingMetric, offset: i64, now: Timestamp) {
+    let r = job.rank_mut(m.rank);
+    r.last_seen = now;
+    if r.step.is_none_or(|s| m.step >= s) {
+        r.step = Some(m.step);
+        r.loss = m.loss;
+        r.grad_norm = m.grad_norm;
+    }
+    let stage = if m.loss.is_some_and(|x| !x.is_finite()) {
+        Some(0)
+    } else if m.grad_norm.is_some_and(|x| !x.is_finite()) {
+        Some(1)
+    } else {
+        None
+    };
+    if let Some(stage) = stage {
+        let nf = NonFinite { step: m.step, stage, at: Timestamp(m.at_ns.saturating_sub(offset)), received_at: now };
+        let earlier = r.nonfinite.is_none_or(|old| (nf.step, nf.stage) < (old.step, old.stage));
+        if earlier {
+            r.nonfinite = Some(nf);
+        }
+    }
+}
+
+fn apply_process(job: &mut JobState, p: &ProcessState, offset: i64, now: Timestamp) {
+    let r = job.rank_mut(p.rank);
+    r.last_seen = now;
+    if p.alive {
+        if r.exit.as_ref().is_some_and(|e| e.pid != p.pid && p.pid != 0) {
+            r.exit = None;
+            r.peer_symptom = false;
+        }
+        if p.pid != 0 {
+            r.pid = p.pid;
+        }
+        return;
+    }
+    if r.exit.is_some() {
+        return;
+    }
+    r.exit = Some(ExitRecord {
+        at: Timestamp(p.at_ns.saturating_sub(offset)),
+        received_at: now,
+        code: p.exit_code,
+        signal: p.signal,
+        peer_symptom: r.peer_symptom,
+        pid: p.pid,
+    });
+}
+
+fn apply_log(job: &mut JobState, l: &LogRecord) {
+    let Some(rank) = l.rank else { return };
+    let lower = l.line.to_ascii_lowercase();
+    let r = job.rank_mut(rank);
+    if PEER_FAILURE_MARKERS.iter().any(|m| lower.contains(m)) {
+        r.peer_symptom = true;
+        if let Some(e) = r.exit.as_mut() {
+            e.peer_symptom = true;
+        }
+    }
+    if ERROR_MARKERS.iter().any(|m| lower.contains(m)) {
+        if r.last_errors.len() >= 4 {
+            r.last_errors.remove(0);
+        }
+        let mut line = l.line.clone();
+        line.truncate(300);
+        r.last_errors.push(line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_model::wire::{CollOp, JobSignals};
+
+    const T0: i64 = 1_767_225_600_000_000_000;
+
+    fn coll(comm: u64, rank: u32, seq: u64, start: f64, end: Option<f64>) -> CollectiveEvent {
+        CollectiveEvent {
+            comm,
+            rank,
+            seq,
+            op: CollOp::AllReduce as i32,
+            bytes: 1,
+            start_ns: T0 + (start * 1e9) as i64,
+            end_ns: end.map_or(0, |e| T0 + (e * 1e9) as i64),
+            xfer_ns: 1_000_000,
+        }
+    }
+
+    fn batch(node: &str, seq: u64, sent: f64, colls: Vec<CollectiveEvent>) -> Batch {
+        Batch {
+            node: node.into(),
+            agent_id: "a".into(),
+            boot_id: "b".into(),
+            seq,
+            sent_at_ns: T0 + (sent * 1e9) as i64,
+            jobs: vec![JobSignals { job: "j".into(), collectives: colls, ..Default::default() }],
+            ..Default::default()
+        }
+    }
+
+    fn at(s: f64) -> Timestamp {
+        Timestamp(T0 + (s * 1e9) as i64)
+    }
+
+    #[test]
+    fn ring_keeps_the_most_recent_samples() {
+        let mut r: Ring<u32, 3> = Ring::default();
+        for i in 0..5 {
+            r.push(i);
+        }
+        assert_eq!(r.recent(10).collect::<Vec<_>>(), vec![4, 3, 2]);
+        assert_eq!(r.len(), 3);
+        assert_eq!(median(&mut [3.0, 1.0, 2.0, 10.0]), Some(2.5));
+    }
+
+    #[test]
+    fn duplicate_and_stale_collectives_change_nothing() {
+        let mut c = Cluster::default();
+        let mut st = EngineStats::default();
+        let b = batch("n0", 1, 2.0, vec![coll(1, 0, 1, 0.0, Some(1.0)), coll(1, 0, 2, 1.5, Some(1.9))]);
+        c.apply(b.clone(), at(2.0), &mut st);
+        assert_eq!(st.collective_events, 2);
+        c.apply(b, at(2.1), &mut st);
+        let b = batch("n0", 2, 3.0, vec![coll(1, 0, 1, 0.0, Some(1.0))]);
+        c.apply(b, at(3.0), &mut st);
+        assert_eq!(st.collective_events, 2);
+        assert_eq!(st.stale_records, 3);
+        let m = &c.jobs["j"].comms[0].members[0];
+        assert_eq!((m.last_started_seq, m.last_completed_seq), (2, 2));
+    }
+
+    #[test]
+    fn clock_offset_is_learned_and_removed() {
+        let mut c = Cluster::default();
+        let mut st = EngineStats::default();
+        // Agent clock runs 0.5 s ahead; transit takes 1 ms.
+        let b = batch("n0", 1, 10.5, vec![coll(1, 0, 1, 10.4, None)]);
+        c.apply(b, at(10.001), &mut st);
+        let comm = &c.jobs["j"].comms[0];
+        let started = comm.members[0].last_started_at;
+        assert!((started.secs_since(at(9.9))).abs() < 0.005, "{started:?}");
+    }
+
+    #[test]
+    fn compute_time_is_iteration_minus_waits() {
+        let mut c = Cluster::default();
+        let mut st = EngineStats::default();
+        // Rank 0 in comms 1 (twice per iteration) and 2 (once): computes 1 s, waits 0.1 s
+        // in each collective.
+        let mut evs = vec![];
+        let mut t = 0.0;
+        let mut s1 = 0;
+        for it in 1..=8u64 {
+            for _ in 0..2 {
+                t += 0.5;
+                s1 += 1;
+                evs.push(coll(1, 0, s1, t, Some(t + 0.1)));
+                t += 0.1;
+            }
+            evs.push(coll(2, 0, it, t, Some(t + 0.1)));
+            t += 0.1;
+        }
+        c.apply(batch("n0", 1, t + 0.1, evs), at(t + 0.1), &mut st);
+        let r = &c.jobs["j"].ranks[0];
+        assert_eq!(r.anchor, Some(1), "the once-per-iteration comm closes iterations");
+        let med = rank_compute_median(r, 8).expect("samples");
+        assert!((med - 1.0).abs() < 1e-3, "compute {med}");
+    }
+
+    #[test]
+    fn a_gap_in_sequence_numbers_discards_that_iteration() {
+        let mut c = Cluster::default();
+        let mut st = EngineStats::default();
+        let mut evs = vec![];
+        for it in 1..=6u64 {
+            let t = it as f64;
+            if it != 4 {
+                evs.push(coll(1, 0, it, t, Some(t + 0.2)));
+            }
+            evs.push(coll(2, 0, it, t + 0.5, Some(t + 0.6)));
+        }
+        c.apply(batch("n0", 1, 7.0, evs), at(7.0), &mut st);
+        let r = &c.jobs["j"].ranks[0];
+        assert!(r.compute.recent(32).all(|s| (s.secs - 0.7).abs() < 1e-3), "{:?}", r.compute);
     }
 }

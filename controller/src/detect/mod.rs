@@ -1,31 +1,170 @@
-//! Detectors (placeholder while the real ones land).
+//! Detectors: pure functions from job state and the current time to findings.
+//!
+//! Each detector looks at one job (or, for hardware faults, the whole cluster), never
+//! at a socket, a file or the wall clock, and returns [`Verdict`]s. A detector repeats
+//! its finding on every pass while the condition holds; the incident book groups and
+//! deduplicates, and resolves an incident once its finding stops coming.
+
+pub mod crash;
+pub mod gpu;
+pub mod hang;
+pub mod nan;
+pub mod slow_link;
+pub mod straggler;
 
 use warden_model::{Finding, Timestamp};
 
-use crate::state::Cluster;
+use crate::state::{Cluster, JobState};
 
-/// Detector settings.
-#[derive(Debug, Clone, Default)]
-pub struct DetectConfig {}
+/// A detector's answer for one job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Nothing wrong.
+    Ok,
+    /// Something may be wrong but the evidence is not complete yet.
+    NeedMoreData,
+    /// Something is wrong.
+    Finding(Finding),
+}
 
-/// All detectors.
+/// What a detector sees of a job: its state plus the cluster's node names.
+#[derive(Debug, Clone, Copy)]
+pub struct Window<'a> {
+    /// The job.
+    pub job: &'a JobState,
+    /// The cluster (node names, agents, hardware trouble).
+    pub cluster: &'a Cluster,
+}
+
+impl Window<'_> {
+    /// Node name of a rank.
+    pub fn node_of(&self, rank: u32) -> Option<&str> {
+        let r = self.job.ranks.get(rank as usize)?;
+        (r.node != crate::state::NO_NODE).then(|| self.cluster.node_name(r.node))
+    }
+
+    /// Node names and GPUs of some ranks, for a finding's culprit lists.
+    pub fn places(&self, ranks: &[u32]) -> (Vec<String>, Vec<warden_model::GpuRef>) {
+        let mut nodes = Vec::new();
+        let mut gpus = Vec::new();
+        for &r in ranks {
+            if let Some(n) = self.node_of(r) {
+                nodes.push(n.to_owned());
+                if let Some(g) = self.job.ranks[r as usize].gpu {
+                    gpus.push(warden_model::GpuRef { node: n.to_owned(), index: g });
+                }
+            }
+        }
+        (nodes, gpus)
+    }
+
+    /// "rank 77 (node-09 gpu 5)".
+    pub fn describe_rank(&self, rank: u32) -> String {
+        match (self.node_of(rank), self.job.ranks.get(rank as usize).and_then(|r| r.gpu)) {
+            (Some(n), Some(g)) => format!("rank {rank} ({n} gpu {g})"),
+            (Some(n), None) => format!("rank {rank} ({n})"),
+            _ => format!("rank {rank}"),
+        }
+    }
+}
+
+/// Detector settings; the defaults are what the scenario suite is scored with.
+#[derive(Debug, Clone)]
+pub struct DetectConfig {
+    /// Hang detection.
+    pub hang: hang::HangConfig,
+    /// Crash detection.
+    pub crash: crash::CrashConfig,
+    /// NaN detection.
+    pub nan: nan::NanConfig,
+    /// GPU fault detection.
+    pub gpu: gpu::GpuConfig,
+    /// Straggler detection.
+    pub straggler: straggler::StragglerConfig,
+    /// Slow-link detection.
+    pub slow_link: slow_link::SlowLinkConfig,
+}
+
+impl Default for DetectConfig {
+    fn default() -> Self {
+        DetectConfig {
+            hang: hang::HangConfig::default(),
+            crash: crash::CrashConfig::default(),
+            nan: nan::NanConfig::default(),
+            gpu: gpu::GpuConfig::default(),
+            straggler: straggler::StragglerConfig::default(),
+            slow_link: slow_link::SlowLinkConfig::default(),
+        }
+    }
+}
+
+/// All detectors with their settings.
 #[derive(Debug)]
-pub struct Detectors {}
+pub struct Detectors {
+    config: DetectConfig,
+    /// Last run and findings of the statistical detectors per job: they look at
+    /// per-iteration samples, so running them more than once a second buys nothing.
+    heavy: rustc_hash::FxHashMap<String, (Timestamp, Vec<Finding>)>,
+}
 
-/// Output of one pass.
+/// How often the statistical detectors (straggler, slow link) run per job, seconds.
+const HEAVY_PERIOD_SECS: f64 = 1.0;
+
+/// Output of one pass over everything.
 #[derive(Debug, Default)]
 pub struct Verdicts {
-    /// Findings.
+    /// Findings, in no particular order.
     pub findings: Vec<Finding>,
 }
 
 impl Detectors {
-    /// New.
-    pub fn new(_c: DetectConfig) -> Self {
-        Detectors {}
+    /// Detectors with these settings.
+    pub fn new(config: DetectConfig) -> Self {
+        Detectors { config, heavy: Default::default() }
     }
-    /// Run.
-    pub fn run(&mut self, _c: &mut Cluster, _now: Timestamp) -> Verdicts {
-        Verdicts::default()
+
+    /// Run every detector at `now`.
+    pub fn run(&mut self, cluster: &mut Cluster, now: Timestamp) -> Verdicts {
+        let cluster: &Cluster = cluster;
+        let c = &self.config;
+        let mut out = Verdicts::default();
+        let mut push = |v: Verdict| {
+            if let Verdict::Finding(f) = v {
+                out.findings.push(f.normalize());
+            }
+        };
+        let mut names: Vec<&String> = cluster.jobs.keys().collect();
+        names.sort();
+        for name in names {
+            let w = Window { job: &cluster.jobs[name], cluster };
+            for v in crash::check(&c.crash, w, now) {
+                push(v);
+            }
+            for v in nan::check(&c.nan, w, now) {
+                push(v);
+            }
+            for v in hang::check(&c.hang, w, now) {
+                push(v);
+            }
+            let due = self.heavy.get(name.as_str()).is_none_or(|(t, _)| now.secs_since(*t) >= HEAVY_PERIOD_SECS);
+            if due {
+                let mut found = Vec::new();
+                for v in straggler::check(&c.straggler, w, now).into_iter().chain(slow_link::check(&c.slow_link, w, now)) {
+                    if let Verdict::Finding(f) = v {
+                        found.push(f);
+                    }
+                }
+                self.heavy.insert(name.clone(), (now, found));
+            }
+            if let Some((_, found)) = self.heavy.get(name.as_str()) {
+                for f in found {
+                    push(Verdict::Finding(f.clone()));
+                }
+            }
+        }
+        for v in gpu::check(&c.gpu, cluster, now) {
+            push(v);
+        }
+        out
     }
 }

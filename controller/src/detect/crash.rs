@@ -1,0 +1,99 @@
+//! Crash: a rank's process exited abnormally. When one rank dies its peers fail within
+//! a fraction of a second ("connection closed by peer"), so the culprit is the first
+//! exit that does not blame a peer, by skew-corrected time, once a short grace period
+//! has let the other exits arrive.
+
+use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
+
+use super::hang::list;
+use super::{Verdict, Window};
+
+/// Crash detection settings.
+#[derive(Debug, Clone)]
+pub struct CrashConfig {
+    /// Wait this long after the first abnormal exit arrives before naming a culprit, s.
+    pub grace_secs: f64,
+    /// Exits closer than this are simultaneous (clock uncertainty), seconds.
+    pub tie_secs: f64,
+}
+
+impl Default for CrashConfig {
+    fn default() -> Self {
+        CrashConfig { grace_secs: 1.0, tie_secs: 0.005 }
+    }
+}
+
+/// Check one job.
+pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
+    let job = w.job;
+    let exits: Vec<(u32, &crate::state::ExitRecord)> = job
+        .ranks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.exit.as_ref().filter(|e| e.abnormal()).map(|e| (i as u32, e)))
+        .collect();
+    let Some(first_received) = exits.iter().map(|(_, e)| e.received_at).min() else {
+        return vec![];
+    };
+    if now.secs_since(first_received) < cfg.grace_secs {
+        return vec![Verdict::NeedMoreData];
+    }
+    let causes: Vec<&(u32, &crate::state::ExitRecord)> =
+        exits.iter().filter(|(_, e)| !e.peer_symptom).collect();
+    let pool: Vec<&(u32, &crate::state::ExitRecord)> =
+        if causes.is_empty() { exits.iter().collect() } else { causes };
+    let Some(first_at) = pool.iter().map(|(_, e)| e.at).min() else { return vec![] };
+    let mut culprits: Vec<u32> =
+        pool.iter().filter(|(_, e)| e.at.secs_since(first_at) <= cfg.tie_secs).map(|(r, _)| *r).collect();
+    culprits.sort_unstable();
+    let followers = exits.len() - culprits.len();
+    let symptom_free = exits.iter().filter(|(_, e)| !e.peer_symptom).count();
+    let confidence = match (culprits.len(), symptom_free) {
+        (1, 1) => 0.97,
+        (1, _) => 0.85,
+        (n, _) => (0.8 / n as f64).max(0.3),
+    };
+    let lead = &job.ranks[culprits[0] as usize];
+    let how = lead.exit.as_ref().map(|e| e.describe()).unwrap_or_default();
+    let last_exit = exits.iter().map(|(_, e)| e.at).max().unwrap_or(first_at);
+    let who = if culprits.len() == 1 {
+        w.describe_rank(culprits[0])
+    } else {
+        format!("ranks {}", list(&culprits))
+    };
+    let summary = if followers > 0 {
+        format!(
+            "{who} exited first ({how}); {followers} peers failed within {:.2} s after it",
+            last_exit.secs_since(first_at)
+        )
+    } else {
+        format!("{who} exited ({how})")
+    };
+    let mut evidence = vec![Evidence {
+        at: first_at,
+        text: format!("{} exited with {how}", w.describe_rank(culprits[0])),
+    }];
+    for line in lead.last_errors.iter().rev().take(3) {
+        evidence.push(Evidence { at: first_at, text: format!("rank {} logged: {line}", culprits[0]) });
+    }
+    let symptomatic = exits.iter().filter(|(_, e)| e.peer_symptom).count();
+    if symptomatic > 0 {
+        evidence.push(Evidence {
+            at: last_exit,
+            text: format!("{symptomatic} ranks exited after logging that a peer went away"),
+        });
+    }
+    let (nodes, gpus) = w.places(&culprits);
+    vec![Verdict::Finding(Finding {
+        kind: IncidentKind::Crash,
+        job: Some(job.name.clone()),
+        ranks: culprits,
+        nodes,
+        gpus,
+        onset: first_at,
+        confidence,
+        severity: Severity::Critical,
+        summary,
+        evidence,
+    })]
+}

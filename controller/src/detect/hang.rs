@@ -1,0 +1,211 @@
+//! Hang: a communicator whose members wait inside a sequence number that nobody has
+//! completed, for longer than a bound learned from that communicator's own waits.
+//! The culprit is the member the waiters wait for that is itself waiting for nobody:
+//! following "waits for" edges through stalled communicators ends at ranks that are not
+//! inside any collective. Checkpoint and evaluation pauses never trip it, because then
+//! nobody is inside a collective.
+
+use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
+use warden_model::wire::CollOp;
+
+use super::{Verdict, Window};
+use crate::state::CommState;
+
+/// Hang detection settings.
+#[derive(Debug, Clone)]
+pub struct HangConfig {
+    /// Never call a wait shorter than this a hang, seconds.
+    pub min_wait_secs: f64,
+    /// Bound = this × the longest wait seen in the communicator's recent collectives.
+    pub wait_factor: f64,
+    /// Upper limit of the learned bound, seconds.
+    pub max_bound_secs: f64,
+    /// Ignore a job once this fraction of its ranks has exited (it ended or crashed).
+    pub exited_fraction: f64,
+}
+
+impl Default for HangConfig {
+    fn default() -> Self {
+        HangConfig { min_wait_secs: 1.0, wait_factor: 1.5, max_bound_secs: 120.0, exited_fraction: 0.25 }
+    }
+}
+
+/// The adaptive bound of one communicator, seconds.
+pub fn bound_secs(cfg: &HangConfig, c: &CommState) -> f64 {
+    let longest = c.waits.recent(c.waits.len()).fold(0.0f32, f32::max);
+    (f64::from(longest) * cfg.wait_factor).clamp(cfg.min_wait_secs, cfg.max_bound_secs)
+}
+
+struct Stall<'a> {
+    comm: &'a CommState,
+    seq: u64,
+    waiting: usize,
+    oldest: Timestamp,
+    missing: Vec<u32>,
+}
+
+/// Check one job.
+pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
+    let job = w.job;
+    let known = job.known_ranks().max(1);
+    if job.exited() as f64 / known as f64 >= cfg.exited_fraction {
+        return vec![];
+    }
+    let mut stalls: Vec<Stall<'_>> = Vec::new();
+    for c in &job.comms {
+        if c.inflight_since == Timestamp::MAX || now.secs_since(c.inflight_since) < cfg.min_wait_secs {
+            continue;
+        }
+        let seq = c.members.iter().map(|m| m.last_started_seq).max().unwrap_or(0);
+        if seq <= c.max_completed_seq {
+            continue;
+        }
+        let alive = |r: u32| job.ranks.get(r as usize).is_some_and(|x| x.alive());
+        let mut waiting = 0;
+        let mut oldest = Timestamp::MAX;
+        let mut missing = Vec::new();
+        for m in &c.members {
+            if !alive(m.rank) {
+                continue;
+            }
+            if m.last_started_seq == seq && m.last_completed_seq < seq {
+                waiting += 1;
+                oldest = oldest.min(m.last_started_at);
+            } else if m.last_started_seq < seq {
+                missing.push(m.rank);
+            }
+        }
+        if waiting == 0 || now.secs_since(oldest) < bound_secs(cfg, c) {
+            continue;
+        }
+        stalls.push(Stall { comm: c, seq, waiting, oldest, missing });
+    }
+    if stalls.is_empty() {
+        return vec![];
+    }
+
+    // Roots: missing members that are not themselves blocked in some collective.
+    let mut culprits: Vec<u32> = stalls
+        .iter()
+        .flat_map(|s| s.missing.iter().copied())
+        .filter(|&r| job.blocked_in(r).is_none())
+        .collect();
+    culprits.sort_unstable();
+    culprits.dedup();
+    let blocked = job.ranks.iter().enumerate().filter(|(i, r)| r.alive() && job.blocked_in(*i as u32).is_some()).count();
+
+    if culprits.is_empty() {
+        // Everyone entered, nobody finished: the fault is inside the collective (a GPU
+        // or a link). Name the communicator's nodes as suspects, with low confidence.
+        let Some(s) = stalls.iter().min_by_key(|s| s.oldest) else { return vec![] };
+        let ranks: Vec<u32> = s.comm.members.iter().map(|m| m.rank).collect();
+        let (nodes, _) = w.places(&ranks);
+        let op = CollOp::from_wire(s.comm.op).as_str();
+        return vec![Verdict::Finding(Finding {
+            kind: IncidentKind::Hang,
+            job: Some(job.name.clone()),
+            ranks: vec![],
+            nodes,
+            gpus: vec![],
+            onset: s.oldest,
+            confidence: 0.3,
+            severity: Severity::Critical,
+            summary: format!(
+                "all {} members of {} entered {op} seq {} and none completed it for {:.1} s; \
+                 suspect the GPUs or links they share",
+                s.waiting,
+                s.comm.label(),
+                s.seq,
+                now.secs_since(s.oldest)
+            ),
+            evidence: vec![],
+        })];
+    }
+
+    // The stall a culprit is directly missing from, for the summary.
+    let direct = stalls
+        .iter()
+        .filter(|s| s.missing.iter().any(|r| culprits.contains(r)))
+        .min_by_key(|s| s.oldest);
+    let Some(direct) = direct else { return vec![] };
+    let op = CollOp::from_wire(direct.comm.op).as_str();
+    let onset = culprits
+        .iter()
+        .filter_map(|&r| {
+            let rank = job.ranks.get(r as usize)?;
+            rank.comms
+                .iter()
+                .map(|&(ci, s)| job.comms[ci as usize].members[s as usize].last_completed_at)
+                .max()
+        })
+        .min()
+        .unwrap_or(direct.oldest);
+    let who = if culprits.len() == 1 {
+        format!("rank {}", culprits[0])
+    } else {
+        format!("ranks {}", list(&culprits))
+    };
+    let summary = format!(
+        "{who} never entered {op} seq {} of {}; {blocked} ranks waiting",
+        direct.seq,
+        direct.comm.label()
+    );
+    let mut evidence = Vec::new();
+    for &r in culprits.iter().take(4) {
+        let rank = &job.ranks[r as usize];
+        let last = rank
+            .comms
+            .iter()
+            .map(|&(ci, s)| (&job.comms[ci as usize], &job.comms[ci as usize].members[s as usize]))
+            .max_by_key(|(_, m)| m.last_completed_at);
+        if let Some((c, m)) = last {
+            evidence.push(Evidence {
+                at: m.last_completed_at,
+                text: format!(
+                    "{} last completed seq {} of {} and has been outside any collective for {:.1} s",
+                    w.describe_rank(r),
+                    m.last_completed_seq,
+                    c.label(),
+                    now.secs_since(m.last_completed_at)
+                ),
+            });
+        }
+    }
+    for s in stalls.iter().take(3) {
+        evidence.push(Evidence {
+            at: s.oldest,
+            text: format!(
+                "{} of {} members of {} wait in seq {} for {:.1} s (bound {:.1} s learned from its recent waits)",
+                s.waiting,
+                s.comm.members.len(),
+                s.comm.label(),
+                s.seq,
+                now.secs_since(s.oldest),
+                bound_secs(cfg, s.comm)
+            ),
+        });
+    }
+    let (nodes, gpus) = w.places(&culprits);
+    let confidence = if culprits.len() == 1 { 0.97 } else { (0.9 / culprits.len() as f64).max(0.3) };
+    vec![Verdict::Finding(Finding {
+        kind: IncidentKind::Hang,
+        job: Some(job.name.clone()),
+        ranks: culprits,
+        nodes,
+        gpus,
+        onset,
+        confidence,
+        severity: Severity::Critical,
+        summary,
+        evidence,
+    })]
+}
+
+/// "1, 2, 3" (at most 8, then "and N more").
+pub fn list(v: &[u32]) -> String {
+    let mut s: Vec<String> = v.iter().take(8).map(u32::to_string).collect();
+    if v.len() > 8 {
+        s.push(format!("and {} more", v.len() - 8));
+    }
+    s.join(", ")
+}

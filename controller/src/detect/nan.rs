@@ -1,0 +1,98 @@
+//! NaN/Inf: a rank reported a non-finite loss or gradient norm. A NaN born in one rank
+//! reaches every rank through the next allreduce, so the culprit is the first to show
+//! it: earliest step, then the loss (forward pass) before the gradient norm (backward),
+//! then skew-corrected time.
+
+use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
+
+use super::hang::list;
+use super::{Verdict, Window};
+
+/// NaN detection settings.
+#[derive(Debug, Clone)]
+pub struct NanConfig {
+    /// Wait this long after the first non-finite metric arrives, so the other ranks'
+    /// reports of the same step can arrive too, seconds.
+    pub grace_secs: f64,
+    /// Reports of the same step and stage closer than this are simultaneous, seconds.
+    pub tie_secs: f64,
+}
+
+impl Default for NanConfig {
+    fn default() -> Self {
+        NanConfig { grace_secs: 0.4, tie_secs: 0.05 }
+    }
+}
+
+/// Check one job.
+pub fn check(cfg: &NanConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
+    let job = w.job;
+    let reports: Vec<(u32, crate::state::NonFinite)> = job
+        .ranks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.nonfinite.map(|n| (i as u32, n)))
+        .collect();
+    let Some(first_received) = reports.iter().map(|(_, n)| n.received_at).min() else {
+        return vec![];
+    };
+    if now.secs_since(first_received) < cfg.grace_secs {
+        return vec![Verdict::NeedMoreData];
+    }
+    let Some(key) = reports.iter().map(|(_, n)| (n.step, n.stage)).min() else { return vec![] };
+    let first: Vec<&(u32, crate::state::NonFinite)> =
+        reports.iter().filter(|(_, n)| (n.step, n.stage) == key).collect();
+    let Some(t0) = first.iter().map(|(_, n)| n.at).min() else { return vec![] };
+    let mut culprits: Vec<u32> =
+        first.iter().filter(|(_, n)| n.at.secs_since(t0) <= cfg.tie_secs).map(|(r, _)| *r).collect();
+    culprits.sort_unstable();
+    let what = if key.1 == 0 { "loss" } else { "gradient norm" };
+    let confidence = match (culprits.len(), first.len()) {
+        (1, 1) => 0.95,
+        (1, _) => 0.7,
+        (n, _) => (0.6 / n as f64).max(0.2),
+    };
+    let later = reports.len() - culprits.len();
+    let who = if culprits.len() == 1 {
+        w.describe_rank(culprits[0])
+    } else {
+        format!("ranks {}", list(&culprits))
+    };
+    let summary = format!(
+        "{who} reported a non-finite {what} at step {} first; {later} other ranks followed",
+        key.0
+    );
+    let mut evidence = vec![Evidence {
+        at: t0,
+        text: format!("{} {what} was not finite at step {}", w.describe_rank(culprits[0]), key.0),
+    }];
+    if first.len() > culprits.len() {
+        evidence.push(Evidence {
+            at: t0,
+            text: format!("{} ranks showed a non-finite {what} at the same step", first.len()),
+        });
+    }
+    let same_step_grad = reports.iter().filter(|(_, n)| n.step == key.0 && n.stage == 1).count();
+    if key.1 == 0 && same_step_grad > 0 {
+        evidence.push(Evidence {
+            at: t0,
+            text: format!(
+                "{same_step_grad} ranks saw only a non-finite gradient norm at step {} (spread by the allreduce)",
+                key.0
+            ),
+        });
+    }
+    let (nodes, gpus) = w.places(&culprits);
+    vec![Verdict::Finding(Finding {
+        kind: IncidentKind::Nan,
+        job: Some(job.name.clone()),
+        ranks: culprits,
+        nodes,
+        gpus,
+        onset: t0,
+        confidence,
+        severity: Severity::Critical,
+        summary,
+        evidence,
+    })]
+}

@@ -1,0 +1,186 @@
+//! Straggler: a node (or a single rank) whose own compute time per iteration is
+//! persistently above the job's median. Compute time is the iteration's length minus
+//! the time the rank spent waiting inside collectives, both on its own clock, so clock
+//! skew cannot fake it, and the ranks a straggler delays (which wait longer but compute
+//! the same) are not blamed. Medians over several iterations make one-off hiccups that
+//! move between ranks, and checkpoint pauses that hit every rank at once, noise.
+
+use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
+
+use super::{Verdict, Window};
+use crate::state::{NO_NODE, median, rank_compute_median};
+
+/// Straggler detection settings.
+#[derive(Debug, Clone)]
+pub struct StragglerConfig {
+    /// Iterations in the fast window (catches large slowdowns quickly).
+    pub fast_window: usize,
+    /// Smallest slowdown the fast window reports.
+    pub fast_min_ratio: f64,
+    /// Iterations in the slow window (catches small slowdowns reliably).
+    pub slow_window: usize,
+    /// Smallest slowdown the slow window reports.
+    pub slow_min_ratio: f64,
+    /// Smallest slowdown reported for a single rank whose node is otherwise healthy.
+    pub rank_min_ratio: f64,
+    /// A node must stand this many robust standard deviations above the others.
+    pub sigmas: f64,
+}
+
+impl Default for StragglerConfig {
+    fn default() -> Self {
+        StragglerConfig {
+            fast_window: 5,
+            fast_min_ratio: 1.15,
+            slow_window: 16,
+            slow_min_ratio: 1.05,
+            rank_min_ratio: 1.1,
+            sigmas: 6.0,
+        }
+    }
+}
+
+/// Robust spread: 1.4826 × median absolute deviation.
+fn robust_sigma(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    let Some(m) = median(&mut v) else { return 0.0 };
+    let mut dev: Vec<f64> = values.iter().map(|x| (x - m).abs()).collect();
+    1.4826 * median(&mut dev).unwrap_or(0.0)
+}
+
+struct NodeScore {
+    node: u32,
+    ratio: f64,
+    ranks: Vec<u32>,
+}
+
+/// Per-node and per-rank compute ratios over the last `window` iterations.
+fn scores(w: Window<'_>, window: usize) -> Option<(f64, Vec<(u32, f64)>, Vec<NodeScore>)> {
+    let job = w.job;
+    let per_rank: Vec<(u32, f64)> = job
+        .ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.alive() && r.node != NO_NODE && r.compute.len() >= window)
+        .filter_map(|(i, r)| rank_compute_median(r, window).map(|m| (i as u32, m)))
+        .collect();
+    if per_rank.len() < 4 {
+        return None;
+    }
+    let mut all: Vec<f64> = per_rank.iter().map(|(_, m)| *m).collect();
+    let base = median(&mut all)?;
+    if base <= 1e-6 {
+        return None;
+    }
+    let ratios: Vec<(u32, f64)> = per_rank.iter().map(|&(r, m)| (r, m / base)).collect();
+    let mut by_node: std::collections::BTreeMap<u32, Vec<(u32, f64)>> = Default::default();
+    for &(r, x) in &ratios {
+        by_node.entry(job.ranks[r as usize].node).or_default().push((r, x));
+    }
+    let nodes = by_node
+        .into_iter()
+        .filter_map(|(node, v)| {
+            let mut xs: Vec<f64> = v.iter().map(|p| p.1).collect();
+            median(&mut xs).map(|ratio| NodeScore { node, ratio, ranks: v.iter().map(|p| p.0).collect() })
+        })
+        .collect();
+    Some((base, ratios, nodes))
+}
+
+/// Check one job.
+pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
+    let mut flagged: Vec<(u32, f64, f64, Vec<u32>, usize)> = Vec::new(); // node, ratio, base, ranks, window
+    for (window, min_ratio) in [(cfg.fast_window, cfg.fast_min_ratio), (cfg.slow_window, cfg.slow_min_ratio)] {
+        let Some((base, _, nodes)) = scores(w, window) else { continue };
+        if nodes.len() < 3 {
+            continue;
+        }
+        let sigma = robust_sigma(&nodes.iter().map(|n| n.ratio).collect::<Vec<_>>());
+        let threshold = min_ratio.max(1.0 + cfg.sigmas * sigma);
+        for n in nodes {
+            if n.ratio >= threshold && !flagged.iter().any(|f| f.0 == n.node) {
+                flagged.push((n.node, n.ratio, base, n.ranks, window));
+            }
+        }
+    }
+    // Single slow ranks on otherwise healthy nodes (a throttling GPU).
+    if let Some((base, ratios, _)) = scores(w, cfg.slow_window) {
+        let sigma = robust_sigma(&ratios.iter().map(|r| r.1).collect::<Vec<_>>());
+        let threshold = cfg.rank_min_ratio.max(1.0 + 1.5 * cfg.sigmas * sigma);
+        for (r, x) in ratios {
+            let node = w.job.ranks[r as usize].node;
+            if x >= threshold && !flagged.iter().any(|f| f.0 == node) {
+                flagged.push((node, x, base, vec![r], cfg.slow_window));
+            }
+        }
+    }
+    let iteration = w.job.iteration_secs();
+    flagged
+        .into_iter()
+        .map(|(node, ratio, base, ranks, window)| {
+            let name = w.cluster.node_name(node).to_owned();
+            let excess = (ratio - 1.0) * base;
+            let (job_slowdown, detail) = match iteration {
+                Some(p) if p > excess && excess > 0.0 => (
+                    p / (p - excess),
+                    format!(" ({p:.2} s per iteration instead of about {:.2} s)", p - excess),
+                ),
+                _ => (ratio, String::new()),
+            };
+            let total = w.job.ranks.iter().filter(|r| r.node == node && r.alive()).count();
+            let scope = if ranks.len() == 1 && total > 1 {
+                format!("rank {} on {name}", ranks[0])
+            } else {
+                format!("{name} ({} of {total} ranks)", ranks.len())
+            };
+            let onset = onset_of(w, &ranks, base * (1.0 + (ratio - 1.0) / 2.0)).unwrap_or(now);
+            let (_, gpus) = w.places(&ranks);
+            Finding {
+                kind: IncidentKind::Straggler,
+                job: Some(w.job.name.clone()),
+                ranks: ranks.clone(),
+                nodes: vec![name.clone()],
+                gpus: if ranks.len() == 1 { gpus } else { vec![] },
+                onset,
+                confidence: (0.6 + (ratio - 1.0) * 1.5).clamp(0.6, 0.97),
+                severity: Severity::Warning,
+                summary: format!(
+                    "{scope} computes {ratio:.2}x slower than the job median; the job runs about \
+                     {job_slowdown:.2}x slower because of it{detail}"
+                ),
+                evidence: vec![Evidence {
+                    at: now,
+                    text: format!(
+                        "median compute over the last {window} iterations: {:.3} s on {name} vs {base:.3} s job median",
+                        base * ratio
+                    ),
+                }],
+            }
+        })
+        .map(Verdict::Finding)
+        .collect()
+}
+
+/// Start of the current run of samples above `level` seconds, earliest over `ranks`.
+fn onset_of(w: Window<'_>, ranks: &[u32], level: f64) -> Option<Timestamp> {
+    ranks
+        .iter()
+        .filter_map(|&r| {
+            let mut start = None;
+            for s in w.job.ranks[r as usize].compute.recent(usize::MAX) {
+                if f64::from(s.secs) >= level {
+                    start = Some(s.at);
+                } else {
+                    break;
+                }
+            }
+            start
+        })
+        .min()
+        .map(|t| {
+            // The sample is taken at the end of the first slow iteration; it began one
+            // iteration earlier.
+            let p = w.job.iteration_secs().unwrap_or(0.0);
+            t.plus_secs(-p)
+        })
+}
