@@ -1,2 +1,96 @@
-//! The warden CLI.
-fn main() {}
+//! `warden`: the operator command line. `warden demo` runs a simulated job with a
+//! scripted fault mix against an in-process controller; `warden sim` runs a scenario
+//! as fast as possible and reports what the controller found.
+
+mod demo;
+mod show;
+mod sim;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code of a bad scenario or configuration (EX_USAGE in sysexits.h).
+pub const EXIT_CONFIG: u8 = 64;
+
+/// Warden keeps large GPU training jobs running: it finds hangs, stragglers, slow links,
+/// NaNs, crashes and GPU faults and names the culprit rank, GPU and node.
+#[derive(Debug, Parser)]
+#[command(name = "warden", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a simulated 256-GPU job with injected faults against an in-process
+    /// controller, print each incident as it is found, and serve the API meanwhile.
+    Demo(DemoArgs),
+    /// Run a scenario file as fast as possible and summarise what was detected.
+    Sim(SimArgs),
+    /// Print the version of this build and the wire version it speaks.
+    Version,
+}
+
+/// Options of `warden demo`.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Scenario file to run instead of the built-in fault mix.
+    #[arg(long, value_name = "FILE")]
+    pub scenario: Option<PathBuf>,
+    /// Virtual seconds simulated per wall-clock second.
+    #[arg(long, value_name = "X", default_value_t = 20.0)]
+    pub speed: f64,
+    /// Address the controller API listens on while the demo runs (port 0: any free port).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9460")]
+    pub listen: SocketAddr,
+    /// Do not serve the API.
+    #[arg(long)]
+    pub no_api: bool,
+}
+
+/// Options of `warden sim`.
+#[derive(Debug, clap::Args)]
+pub struct SimArgs {
+    /// Scenario file (YAML).
+    #[arg(long, value_name = "FILE")]
+    pub scenario: PathBuf,
+    /// Write the run's report (JSON) here.
+    #[arg(long, value_name = "OUT.json")]
+    pub report: Option<PathBuf>,
+    /// Print nothing but errors.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Demo(args) => demo::main(args),
+        Command::Sim(args) => sim::main(&args),
+        Command::Version => {
+            println!(
+                "warden {} (wire version {})",
+                env!("CARGO_PKG_VERSION"),
+                warden_model::wire::WIRE_VERSION
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("warden: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

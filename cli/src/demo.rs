@@ -1,0 +1,292 @@
+//! `warden demo`: a simulated job with a scripted fault mix, paced in virtual time,
+//! feeding an in-process controller whose API is served while it runs; incidents are
+//! printed as they open, change and resolve.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use warden_controller::api::{self, ApiState, DEFAULT_MAX_BATCH_BYTES};
+use warden_controller::metrics::Metrics;
+use warden_controller::view::IncidentView;
+use warden_controller::{Change, Engine, EngineConfig, ManualClock, SharedEngine};
+use warden_model::IncidentState;
+use warden_sim::{Progress, RunOptions, SIM_EPOCH, Scenario, Simulation};
+
+use crate::{DemoArgs, EXIT_CONFIG, show};
+
+/// The built-in scenario.
+const DEMO_SCENARIO: &str = include_str!("demo.yaml");
+
+/// Wall-clock time between two advances of the simulation.
+const STEP_WALL: Duration = Duration::from_millis(100);
+
+/// How long the API server gets to finish in-flight requests at the end.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Run `warden demo`.
+pub fn main(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    if !(args.speed.is_finite() && args.speed > 0.0) {
+        eprintln!(
+            "warden demo: --speed must be a positive number, got {}",
+            args.speed
+        );
+        return Ok(ExitCode::from(EXIT_CONFIG));
+    }
+    let loaded = match &args.scenario {
+        Some(path) => Scenario::load(path),
+        None => Scenario::from_yaml(DEMO_SCENARIO, "demo"),
+    };
+    let scenario = match loaded {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("warden demo: invalid scenario: {e}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(run(args, scenario))
+}
+
+/// The API server while it runs.
+struct Server {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
+    let engine = SharedEngine::new(Engine::new(EngineConfig::default(), SIM_EPOCH));
+    let clock = Arc::new(ManualClock::new(SIM_EPOCH));
+
+    let mut server = None;
+    let mut api_addr = None;
+    if !args.no_api {
+        let listener = match TcpListener::bind(args.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "warden demo: cannot serve the API on {}: {e}.\n\
+                     Another process (perhaps another warden) may hold the port. Pass \
+                     --listen 127.0.0.1:0 to use any free port, or --no-api to run without \
+                     the API.",
+                    args.listen
+                );
+                return Ok(ExitCode::FAILURE);
+            }
+        };
+        let addr = listener.local_addr().context("reading the bound address")?;
+        let metrics = Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?;
+        let state = ApiState {
+            engine: engine.clone(),
+            clock: clock.clone(),
+            metrics: Arc::new(metrics),
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, api::router(state))
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        server = Some(Server { stop, task });
+        api_addr = Some(addr);
+    }
+
+    print_banner(&scenario, args.speed, api_addr);
+
+    let mut sim = Simulation::new(&scenario, RunOptions::default());
+    let mut sink = engine.clone();
+    let mut status = Status::new(std::io::stderr().is_terminal());
+    let started = Instant::now();
+    let mut pace = tokio::time::interval(STEP_WALL);
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut interrupted = false;
+
+    while !sim.done() {
+        tokio::select! {
+            _ = pace.tick() => {}
+            _ = &mut ctrl_c => {
+                interrupted = true;
+                break;
+            }
+        }
+        let target = started.elapsed().as_secs_f64() * args.speed;
+        let changes = sim.advance(&mut sink, target);
+        clock.set(SIM_EPOCH.plus_secs(sim.now()));
+
+        let (shown, open) = {
+            let e = engine.lock();
+            let shown: Vec<(Change, IncidentView)> = changes
+                .iter()
+                .filter_map(|c| {
+                    e.incident(&c.id)
+                        .map(|inc| (c.change, IncidentView::new(inc, e.origin())))
+                })
+                .collect();
+            (shown, open_incidents(&e))
+        };
+        for (change, view) in &shown {
+            status.clear();
+            print!("{}", show::incident(*change, view));
+        }
+        let _ = std::io::stdout().flush();
+        status.update(&sim.progress(), open);
+    }
+    status.finish(&sim.progress(), open_incidents(&engine.lock()));
+
+    let wall = started.elapsed().as_secs_f64();
+    print_summary(&sim, &engine, wall, interrupted);
+
+    if let Some(Server { stop, task }) = server {
+        let _ = stop.send(());
+        match tokio::time::timeout(SHUTDOWN_GRACE, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => eprintln!("warden demo: the API server failed: {e}"),
+            Ok(Err(e)) => eprintln!("warden demo: the API server task failed: {e}"),
+            Err(_) => eprintln!("warden demo: the API server did not stop within 5 s"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn open_incidents(e: &Engine) -> usize {
+    e.incidents()
+        .iter()
+        .filter(|i| i.state != IncidentState::Resolved)
+        .count()
+}
+
+fn print_banner(scenario: &Scenario, speed: f64, api: Option<std::net::SocketAddr>) {
+    let j = &scenario.job;
+    println!(
+        "Warden demo: scenario {:?}, job {:?}: {} ranks on {} nodes x {} GPUs \
+         (tp {}, pp {}, dp {}), {} steps of ~{} s.",
+        scenario.name,
+        j.name,
+        scenario.ranks(),
+        j.nodes,
+        j.gpus_per_node,
+        j.tp,
+        j.pp,
+        j.dp,
+        scenario.steps,
+        j.iteration_secs
+    );
+    println!(
+        "{} scripted fault(s); simulating {speed} virtual seconds per wall second. \
+         Incidents are printed as they are found.",
+        scenario.faults.len()
+    );
+    match api {
+        Some(addr) => {
+            let base = format!("http://{addr}");
+            println!("The controller API is served on {base} while the demo runs. Try:");
+            println!("  curl -s {base}/api/v1/incidents");
+            println!("  curl -s '{base}/api/v1/incidents?state=open&kind=straggler'");
+            println!("  curl -s {base}/api/v1/jobs");
+            println!("  curl -s {base}/api/v1/jobs/{}/ranks", j.name);
+            println!("  curl -s {base}/metrics | grep '^warden_'");
+        }
+        None => println!("The API is off (--no-api)."),
+    }
+    println!("Press Ctrl-C to stop early.\n");
+}
+
+fn print_summary(sim: &Simulation, engine: &SharedEngine, wall: f64, interrupted: bool) {
+    let p = sim.progress();
+    let incidents = engine.lock().incident_views(None, None, None);
+    println!();
+    if interrupted {
+        println!(
+            "Interrupted at step {} of {} ({:.1} virtual s).",
+            p.step, p.steps, p.sim_seconds
+        );
+    }
+    println!(
+        "Summary: {} ranks, {} of {} steps, {:.1} virtual s in {:.1} wall s, {} batches, {} \
+         collective events.",
+        p.ranks, p.step, p.steps, p.sim_seconds, wall, p.batches, p.collective_events
+    );
+    let faults = sim.faults();
+    println!("Injected faults that took effect ({}):", faults.len());
+    for f in &faults {
+        println!(
+            "  {:<10} at {:>7.1}s  {}",
+            f.kind,
+            f.onset_s,
+            show::fault_target(f)
+        );
+    }
+    println!("Incidents ({}):", incidents.len());
+    print!("{}", show::table(&incidents));
+}
+
+/// The progress display on stderr: one line rewritten in place on a terminal, a line
+/// every 10% of the steps otherwise.
+struct Status {
+    tty: bool,
+    shown: bool,
+    last_decile: Option<u64>,
+}
+
+impl Status {
+    fn new(tty: bool) -> Self {
+        Status {
+            tty,
+            shown: false,
+            last_decile: None,
+        }
+    }
+
+    fn line(p: &Progress, open: usize) -> String {
+        let pct = (p.step * 100).checked_div(p.steps).unwrap_or(100);
+        format!(
+            "step {}/{} ({pct}%), virtual {:.1}s, {} batches, {} collective events ingested, \
+             {open} open incident(s)",
+            p.step, p.steps, p.sim_seconds, p.batches, p.collective_events
+        )
+    }
+
+    /// Take the status line off the screen before other output.
+    fn clear(&mut self) {
+        if self.tty && self.shown {
+            eprint!("\r\x1b[2K");
+            self.shown = false;
+        }
+    }
+
+    fn update(&mut self, p: &Progress, open: usize) {
+        if self.tty {
+            eprint!("\r\x1b[2K{}", Self::line(p, open));
+            let _ = std::io::stderr().flush();
+            self.shown = true;
+            return;
+        }
+        let decile = (p.step * 10).checked_div(p.steps).unwrap_or(10);
+        if self.last_decile.is_none_or(|d| decile > d) {
+            eprintln!("{}", Self::line(p, open));
+            self.last_decile = Some(decile);
+        }
+    }
+
+    fn finish(&mut self, p: &Progress, open: usize) {
+        if self.tty {
+            eprintln!("\r\x1b[2K{}", Self::line(p, open));
+        } else {
+            eprintln!("{}", Self::line(p, open));
+        }
+        self.shown = false;
+    }
+}

@@ -1,0 +1,159 @@
+//! The `warden` binary end to end: `sim` reports, scenario errors and their exit code,
+//! and a fast `demo` run with the API on a free port.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn warden(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_warden"))
+        .args(args)
+        .output()
+        .expect("runs warden")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("warden-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join(name)
+}
+
+fn text(out: &[u8]) -> String {
+    String::from_utf8_lossy(out).into_owned()
+}
+
+const TINY: &str = "\
+seed: 1
+job:
+  name: tiny
+  nodes: 2
+  gpus_per_node: 4
+  parallelism: { tp: 4, pp: 1, dp: 2 }
+  iteration_secs: 0.5
+steps: 40
+faults:
+  - { step: 10, kind: xid, node: node-01, gpu: 2, code: 79 }
+";
+
+#[test]
+fn sim_writes_a_report_with_the_contract_fields() {
+    let scenario = scratch("tiny.yaml");
+    std::fs::write(&scenario, TINY).expect("write scenario");
+    let report = scratch("tiny-report.json");
+    let out = warden(&[
+        "sim",
+        "--scenario",
+        scenario.to_str().expect("utf8 path"),
+        "--report",
+        report.to_str().expect("utf8 path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("8 ranks"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("report written")).expect("JSON");
+    assert_eq!(json["scenario"], "tiny");
+    assert_eq!(json["ranks"], 8);
+    assert!(
+        json["sim_seconds"].as_f64().is_some_and(|s| s > 0.0),
+        "{json}"
+    );
+    assert!(
+        json["wall_seconds"].as_f64().is_some_and(|s| s >= 0.0),
+        "{json}"
+    );
+    assert!(json["incidents"].is_array(), "{json}");
+    let faults = json["faults"].as_array().expect("faults array");
+    assert_eq!(faults.len(), 1, "{json}");
+    assert_eq!(faults[0]["kind"], "xid");
+    assert_eq!(faults[0]["node"], "node-01");
+
+    let quiet = warden(&[
+        "sim",
+        "--scenario",
+        scenario.to_str().expect("utf8"),
+        "--quiet",
+    ]);
+    assert!(quiet.status.success());
+    assert!(
+        quiet.stdout.is_empty(),
+        "--quiet printed {}",
+        text(&quiet.stdout)
+    );
+}
+
+#[test]
+fn broken_scenario_exits_64_naming_the_field() {
+    let scenario = scratch("broken.yaml");
+    std::fs::write(
+        &scenario,
+        "job:\n  nodes: 0\n  gpus_per_node: 8\nsteps: 10\n",
+    )
+    .expect("write scenario");
+    let out = warden(&["sim", "--scenario", scenario.to_str().expect("utf8")]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("job.nodes"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let unknown = scratch("unknown-field.yaml");
+    std::fs::write(&unknown, "job: { nodes: 1 }\nsteps: 10\nspeed: 3\n").expect("write");
+    let out = warden(&[
+        "demo",
+        "--no-api",
+        "--scenario",
+        unknown.to_str().expect("utf8"),
+    ]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("speed"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn demo_runs_the_built_in_scenario_to_completion() {
+    let out = warden(&["demo", "--speed", "1000", "--listen", "127.0.0.1:0"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("The controller API is served on http://127.0.0.1:"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Summary: 256 ranks"), "{stdout}");
+    assert!(stdout.contains("Incidents ("), "{stdout}");
+    // Not a terminal: one progress line per tenth of the run at most, plus the last.
+    let progress = stderr.lines().filter(|l| l.starts_with("step ")).count();
+    assert!((2..=12).contains(&progress), "{stderr}");
+}
+
+#[test]
+fn demo_on_a_taken_port_explains_and_exits_1() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let out = warden(&["demo", "--speed", "1000", "--listen", &addr]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("--listen") && stderr.contains("--no-api"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn version_names_the_wire_version() {
+    let out = warden(&["version"]);
+    assert!(out.status.success());
+    assert!(
+        text(&out.stdout).contains("wire version 1"),
+        "{}",
+        text(&out.stdout)
+    );
+}
