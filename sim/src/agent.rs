@@ -1,0 +1,332 @@
+//! Emulated node agents: they hold what their ranks produced, and at each flush cut a
+//! wire batch with exactly what an agent could have seen by then, in its own clock.
+
+use warden_model::Timestamp;
+use warden_model::wire::{
+    Batch, CollectiveEvent, CommInfo, EventSeverity, Heartbeat, JobSignals, LogRecord, NodeEvent,
+    ProcessState, RankInfo, TrainingMetric,
+};
+
+use crate::topology::{CommKind, Topology, fnv1a};
+
+/// The simulation's time zero: 2026-01-01T00:00:00Z.
+pub const SIM_EPOCH: Timestamp = Timestamp::from_nanos(1_767_225_600 * 1_000_000_000);
+
+/// Agents re-register their ranks and communicators this often, seconds.
+pub const REGISTRATION_SECS: f64 = 10.0;
+
+/// How many later batches repeat a critical record.
+const CRITICAL_REPEATS: u8 = 2;
+
+/// Virtual seconds since the run start → true wall time in ns.
+pub fn true_ns(t: f64) -> i64 {
+    SIM_EPOCH.nanos() + (t * 1e9).round() as i64
+}
+
+/// One collective of one rank, in true virtual time; `end` is infinite while the
+/// collective can never complete.
+#[derive(Debug, Clone, Copy)]
+pub struct PendingColl {
+    /// Global rank.
+    pub rank: u32,
+    /// Communicator kind.
+    pub kind: CommKind,
+    /// Communicator hash.
+    pub comm: u64,
+    /// Sequence number in the communicator.
+    pub seq: u64,
+    /// Arrival, seconds.
+    pub start: f64,
+    /// Completion, seconds (infinite: never).
+    pub end: f64,
+    /// The rank's own transfer time, seconds.
+    pub xfer: f64,
+}
+
+/// A record other than a collective; times inside are true time (skew is added at
+/// flush).
+#[derive(Debug, Clone)]
+pub enum Record {
+    /// Training metric.
+    Metric(TrainingMetric),
+    /// Process start or exit.
+    Process(ProcessState),
+    /// Log line.
+    Log(LogRecord),
+    /// Kernel / hardware event.
+    Event(NodeEvent),
+}
+
+impl Record {
+    fn critical(&self) -> bool {
+        match self {
+            Record::Metric(m) => {
+                m.loss.is_some_and(|x| !x.is_finite())
+                    || m.grad_norm.is_some_and(|x| !x.is_finite())
+            }
+            Record::Process(p) => !p.alive,
+            Record::Log(_) => false,
+            Record::Event(e) => e.severity >= EventSeverity::Error as i32,
+        }
+    }
+
+    /// Whether the agent flushes at once when it sees this record.
+    pub fn urgent(&self) -> bool {
+        self.critical()
+    }
+
+    fn skewed(&self, offset_ns: i64) -> Record {
+        let mut r = self.clone();
+        match &mut r {
+            Record::Metric(m) => m.at_ns += offset_ns,
+            Record::Process(p) => p.at_ns += offset_ns,
+            Record::Log(l) => l.at_ns += offset_ns,
+            Record::Event(e) => e.at_ns += offset_ns,
+        }
+        r
+    }
+}
+
+/// A record waiting for the flush that may carry it.
+#[derive(Debug, Clone)]
+pub struct PendingRecord {
+    /// True time it happens, seconds.
+    pub at: f64,
+    /// Rank it is about (its death hides later records).
+    pub rank: Option<u32>,
+    /// The record.
+    pub record: Record,
+}
+
+/// What one flush produced.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct FlushStats {
+    /// Collective records in the batch (completed and in flight).
+    pub collectives: u64,
+}
+
+/// One node's agent.
+#[derive(Debug)]
+pub struct Agent {
+    /// Node index.
+    pub node: u32,
+    name: String,
+    agent_id: String,
+    boot_id: String,
+    /// Clock offset of this node, ns.
+    pub offset_ns: i64,
+    seq: u64,
+    next_event_id: u64,
+    next_registration: f64,
+    /// Collectives not yet reported as completed.
+    pub colls: Vec<PendingColl>,
+    /// Other records not yet reported.
+    pub records: Vec<PendingRecord>,
+    repeats: Vec<(u8, Record)>,
+    /// Batches built but lost on the way.
+    pub failed_batches: u64,
+}
+
+impl Agent {
+    /// The agent of node `node`.
+    pub fn new(node: u32, name: String, offset_ns: i64, seed: u64) -> Self {
+        let h = fnv1a(format!("{seed}/{name}").as_bytes());
+        Agent {
+            node,
+            agent_id: format!("agent-{name}-{:08x}", h as u32),
+            boot_id: format!("{:016x}", h),
+            name,
+            offset_ns,
+            seq: 0,
+            next_event_id: 1,
+            next_registration: 0.0,
+            colls: vec![],
+            records: vec![],
+            repeats: vec![],
+            failed_batches: 0,
+        }
+    }
+
+    /// Node name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A fresh per-boot node-event id.
+    pub fn event_id(&mut self) -> u64 {
+        let id = self.next_event_id;
+        self.next_event_id += 1;
+        id
+    }
+
+    /// Cut the batch of a flush at true time `t`. `death[r]` is when rank `r` died or
+    /// exited (infinite while it lives).
+    pub fn flush(
+        &mut self,
+        t: f64,
+        death: &[f64],
+        topo: &Topology,
+        job: &str,
+    ) -> (Batch, FlushStats) {
+        self.seq += 1;
+        let off = self.offset_ns;
+        let ns = |x: f64| true_ns(x) + off;
+        let mut sig = JobSignals {
+            job: job.to_owned(),
+            ..JobSignals::default()
+        };
+        let mut stats = FlushStats::default();
+
+        let first = topo.gpus_per_node * self.node;
+        let ranks = first..first + topo.gpus_per_node;
+        if t >= self.next_registration {
+            self.next_registration = t + REGISTRATION_SECS;
+            for r in ranks.clone() {
+                if t >= death[r as usize] {
+                    continue;
+                }
+                let gpu = topo.gpu_of(r);
+                sig.ranks.push(RankInfo {
+                    rank: r,
+                    world_size: topo.world,
+                    pid: pid_of(r, topo),
+                    gpu_index: Some(gpu),
+                    gpu_uuid: gpu_uuid(&self.name, gpu),
+                });
+                for (c, k) in topo.comms_of(r) {
+                    sig.comms.push(CommInfo {
+                        comm: c.hash,
+                        name: c.name.clone(),
+                        size: c.size,
+                        rank: r,
+                        comm_rank: k,
+                    });
+                }
+            }
+        }
+
+        self.colls.retain(|c| {
+            let d = death[c.rank as usize];
+            let seen = t.min(d);
+            if c.start > seen {
+                // Not started yet, or never started before the rank died.
+                return d > t;
+            }
+            if c.end <= seen {
+                sig.collectives.push(CollectiveEvent {
+                    comm: c.comm,
+                    rank: c.rank,
+                    seq: c.seq,
+                    op: c.kind.op() as i32,
+                    bytes: c.kind.bytes(),
+                    start_ns: ns(c.start),
+                    end_ns: ns(c.end),
+                    xfer_ns: (c.xfer * 1e9).round() as u64,
+                });
+                return false;
+            }
+            if t < d {
+                sig.collectives.push(CollectiveEvent {
+                    comm: c.comm,
+                    rank: c.rank,
+                    seq: c.seq,
+                    op: c.kind.op() as i32,
+                    bytes: c.kind.bytes(),
+                    start_ns: ns(c.start),
+                    end_ns: 0,
+                    xfer_ns: 0,
+                });
+                return true;
+            }
+            false
+        });
+        stats.collectives = sig.collectives.len() as u64;
+
+        let mut events = vec![];
+        let mut sent_critical = vec![];
+        for (left, rec) in &mut self.repeats {
+            *left -= 1;
+            push_record(rec.clone(), &mut sig, &mut events);
+        }
+        self.repeats.retain(|(left, _)| *left > 0);
+        self.records.retain(|p| {
+            let d = p.rank.map_or(f64::INFINITY, |r| death[r as usize]);
+            if p.at > d {
+                return d > t;
+            }
+            if p.at > t {
+                return true;
+            }
+            let rec = p.record.skewed(off);
+            if rec.critical() {
+                sent_critical.push(rec.clone());
+            }
+            push_record(rec, &mut sig, &mut events);
+            false
+        });
+        self.repeats
+            .extend(sent_critical.into_iter().map(|r| (CRITICAL_REPEATS, r)));
+
+        let has_job = !(sig.ranks.is_empty()
+            && sig.comms.is_empty()
+            && sig.collectives.is_empty()
+            && sig.metrics.is_empty()
+            && sig.processes.is_empty()
+            && sig.logs.is_empty());
+        let batch = Batch {
+            version: 0,
+            node: self.name.clone(),
+            agent_id: self.agent_id.clone(),
+            boot_id: self.boot_id.clone(),
+            seq: self.seq,
+            sent_at_ns: ns(t),
+            jobs: if has_job { vec![sig] } else { vec![] },
+            gpus: vec![],
+            events,
+            heartbeat: Some(Heartbeat {
+                dropped_records: 0,
+                failed_batches: self.failed_batches,
+                collectors_down: vec![],
+            }),
+        };
+        (batch, stats)
+    }
+}
+
+fn push_record(rec: Record, sig: &mut JobSignals, events: &mut Vec<NodeEvent>) {
+    match rec {
+        Record::Metric(m) => sig.metrics.push(m),
+        Record::Process(p) => sig.processes.push(p),
+        Record::Log(l) => sig.logs.push(l),
+        Record::Event(e) => events.push(e),
+    }
+}
+
+/// Process id of rank `r` on its node.
+pub fn pid_of(r: u32, topo: &Topology) -> u32 {
+    4000 + 17 * topo.gpu_of(r) + (r / topo.gpus_per_node) % 7
+}
+
+/// The UUID NVML would report for GPU `gpu` of node `node`.
+pub fn gpu_uuid(node: &str, gpu: u32) -> String {
+    let h = fnv1a(format!("{node}/gpu/{gpu}").as_bytes());
+    let l = fnv1a(format!("{gpu}/{node}").as_bytes());
+    format!(
+        "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        (h >> 32) as u32,
+        (h >> 16) as u16,
+        h as u16,
+        (l >> 48) as u16,
+        l & 0xffff_ffff_ffff
+    )
+}
+
+/// The PCI bus id the kernel prints for GPU `gpu` (`0000:18:00` style).
+pub fn pci_bus_id(gpu: u32) -> String {
+    const BUSES: [u32; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+    let bus = BUSES
+        .get(gpu as usize)
+        .copied()
+        .unwrap_or(0xe0 + gpu % 0x1f);
+    format!("0000:{bus:02x}:00")
+}
