@@ -35,7 +35,12 @@ pub struct BookConfig {
 
 impl Default for BookConfig {
     fn default() -> Self {
-        BookConfig { hang_quiet_secs: 15.0, quiet_secs: 60.0, reopen_secs: 300.0, explain_window_secs: 30.0 }
+        BookConfig {
+            hang_quiet_secs: 15.0,
+            quiet_secs: 60.0,
+            reopen_secs: 300.0,
+            explain_window_secs: 30.0,
+        }
     }
 }
 
@@ -90,7 +95,10 @@ fn culprit_text(f: &Finding) -> String {
 impl IncidentBook {
     /// A book with these settings.
     pub fn new(config: BookConfig) -> Self {
-        IncidentBook { config, ..IncidentBook::default() }
+        IncidentBook {
+            config,
+            ..IncidentBook::default()
+        }
     }
 
     /// Every incident, oldest first.
@@ -104,7 +112,12 @@ impl IncidentBook {
     }
 
     /// Fold one pass of findings in at `now`; returns what changed.
-    pub fn fold(&mut self, verdicts: Verdicts, now: Timestamp, _cluster: &Cluster) -> Vec<IncidentChange> {
+    pub fn fold(
+        &mut self,
+        verdicts: Verdicts,
+        now: Timestamp,
+        _cluster: &Cluster,
+    ) -> Vec<IncidentChange> {
         let mut findings = verdicts.findings;
         findings.sort_by_key(|f| precedence(f.kind));
         let mut changes: Vec<IncidentChange> = Vec::new();
@@ -120,15 +133,25 @@ impl IncidentBook {
             if inc.state == IncidentState::Resolved {
                 continue;
             }
-            let quiet =
-                if inc.kind == IncidentKind::Hang { self.config.hang_quiet_secs } else { self.config.quiet_secs };
+            let quiet = if inc.kind == IncidentKind::Hang {
+                self.config.hang_quiet_secs
+            } else {
+                self.config.quiet_secs
+            };
             if now.secs_since(self.extra[i].last_refresh) > quiet {
                 let inc = &mut self.incidents[i];
                 inc.state = IncidentState::Resolved;
                 inc.resolved_at = Some(now);
                 inc.updated_at = now;
-                push_timeline(inc, now, format!("resolved: no {} finding for {quiet:.0} s", inc.kind));
-                changes.push(IncidentChange { id: inc.id.clone(), change: Change::Resolved });
+                push_timeline(
+                    inc,
+                    now,
+                    format!("resolved: no {} finding for {quiet:.0} s", inc.kind),
+                );
+                changes.push(IncidentChange {
+                    id: inc.id.clone(),
+                    change: Change::Resolved,
+                });
             }
         }
         changes
@@ -137,7 +160,9 @@ impl IncidentBook {
     fn is_live(&self, i: usize, now: Timestamp) -> bool {
         let inc = &self.incidents[i];
         inc.state != IncidentState::Resolved
-            || inc.resolved_at.is_some_and(|t| now.secs_since(t) <= self.config.reopen_secs)
+            || inc
+                .resolved_at
+                .is_some_and(|t| now.secs_since(t) <= self.config.reopen_secs)
     }
 
     /// The live incident this finding refreshes, if any.
@@ -150,7 +175,9 @@ impl IncidentBook {
             match f.kind {
                 // One job hangs, crashes or diverges once at a time.
                 IncidentKind::Hang | IncidentKind::Crash | IncidentKind::Nan => true,
-                IncidentKind::Straggler | IncidentKind::SlowLink => intersects(&inc.nodes, &f.nodes),
+                IncidentKind::Straggler | IncidentKind::SlowLink => {
+                    intersects(&inc.nodes, &f.nodes)
+                }
                 IncidentKind::GpuFault => {
                     if inc.gpus.is_empty() && f.gpus.is_empty() {
                         intersects(&inc.nodes, &f.nodes)
@@ -184,7 +211,10 @@ impl IncidentBook {
         }
         if matches!(f.kind, IncidentKind::Hang | IncidentKind::Crash) {
             // A stop on a GPU with a hardware fault is that fault's consequence.
-            if let Some(i) = (0..self.incidents.len()).rev().find(|&i| self.explains(i, &f)) {
+            if let Some(i) = (0..self.incidents.len())
+                .rev()
+                .find(|&i| self.explains(i, &f))
+            {
                 return self.attach(i, f, now);
             }
         }
@@ -192,7 +222,9 @@ impl IncidentBook {
             // A hang in a job that just crashed is the crash's consequence.
             if let Some(i) = (0..self.incidents.len()).rev().find(|&i| {
                 let inc = &self.incidents[i];
-                inc.kind == IncidentKind::Crash && inc.job == f.job && inc.state != IncidentState::Resolved
+                inc.kind == IncidentKind::Crash
+                    && inc.job == f.job
+                    && inc.state != IncidentState::Resolved
             }) {
                 return self.attach(i, f, now);
             }
@@ -250,8 +282,16 @@ impl IncidentBook {
         push_timeline(&mut inc, now, opened);
         self.index.insert(id.clone(), self.incidents.len());
         self.incidents.push(inc);
-        self.extra.push(Extra { last_refresh: now, root_evidence: f.evidence, attached: Vec::new(), fatal });
-        IncidentChange { id, change: Change::Opened }
+        self.extra.push(Extra {
+            last_refresh: now,
+            root_evidence: f.evidence,
+            attached: Vec::new(),
+            fatal,
+        });
+        IncidentChange {
+            id,
+            change: Change::Opened,
+        }
     }
 
     fn refresh(&mut self, i: usize, f: Finding, now: Timestamp) -> Option<IncidentChange> {
@@ -280,12 +320,18 @@ impl IncidentBook {
         inc.summary = f.summary;
         inc.updated_at = now;
         self.rebuild_evidence(i);
-        change.map(|change| IncidentChange { id: self.incidents[i].id.clone(), change })
+        change.map(|change| IncidentChange {
+            id: self.incidents[i].id.clone(),
+            change,
+        })
     }
 
     fn attach(&mut self, i: usize, f: Finding, now: Timestamp) -> Option<IncidentChange> {
         let key = format!("{}:{}", f.kind, culprit_text(&f));
-        let note = Evidence { at: f.onset, text: format!("consequence ({}): {}", f.kind, f.summary) };
+        let note = Evidence {
+            at: f.onset,
+            text: format!("consequence ({}): {}", f.kind, f.summary),
+        };
         let extra = &mut self.extra[i];
         let first = !extra.attached.iter().any(|(k, _)| *k == key);
         match extra.attached.iter_mut().find(|(k, _)| *k == key) {
@@ -296,10 +342,17 @@ impl IncidentBook {
         inc.finding_count = inc.finding_count.saturating_add(1);
         inc.updated_at = now;
         if first {
-            push_timeline(inc, now, format!("{} attached as a consequence: {}", f.kind, f.summary));
+            push_timeline(
+                inc,
+                now,
+                format!("{} attached as a consequence: {}", f.kind, f.summary),
+            );
         }
         self.rebuild_evidence(i);
-        first.then(|| IncidentChange { id: self.incidents[i].id.clone(), change: Change::Updated })
+        first.then(|| IncidentChange {
+            id: self.incidents[i].id.clone(),
+            change: Change::Updated,
+        })
     }
 
     fn reclassify(&mut self, i: usize, f: Finding, now: Timestamp) -> Option<IncidentChange> {
@@ -325,7 +378,10 @@ impl IncidentBook {
         extra.root_evidence = f.evidence;
         extra.attached.push((
             format!("{}:{}", old.kind, culprit_text(&old)),
-            Evidence { at: old.onset, text: format!("consequence ({}): {}", old.kind, old.summary) },
+            Evidence {
+                at: old.onset,
+                text: format!("consequence ({}): {}", old.kind, old.summary),
+            },
         ));
         let inc = &mut self.incidents[i];
         inc.kind = f.kind;
@@ -341,10 +397,16 @@ impl IncidentBook {
         inc.summary = f.summary;
         inc.updated_at = now;
         inc.finding_count = inc.finding_count.saturating_add(1);
-        let what = format!("root cause re-attributed from {from} to {}: {}", inc.kind, inc.summary);
+        let what = format!(
+            "root cause re-attributed from {from} to {}: {}",
+            inc.kind, inc.summary
+        );
         push_timeline(inc, now, what);
         self.rebuild_evidence(i);
-        Some(IncidentChange { id: self.incidents[i].id.clone(), change: Change::Reclassified })
+        Some(IncidentChange {
+            id: self.incidents[i].id.clone(),
+            change: Change::Reclassified,
+        })
     }
 
     fn rebuild_evidence(&mut self, i: usize) {
@@ -372,13 +434,27 @@ mod tests {
         Timestamp::from_secs_f64(1000.0 + s)
     }
 
-    fn finding(kind: IncidentKind, ranks: &[u32], node: &str, gpu: Option<u32>, onset: f64, conf: f64) -> Finding {
+    fn finding(
+        kind: IncidentKind,
+        ranks: &[u32],
+        node: &str,
+        gpu: Option<u32>,
+        onset: f64,
+        conf: f64,
+    ) -> Finding {
         Finding {
             kind,
             job: Some("j".into()),
             ranks: ranks.to_vec(),
             nodes: vec![node.into()],
-            gpus: gpu.map(|index| vec![GpuRef { node: node.into(), index }]).unwrap_or_default(),
+            gpus: gpu
+                .map(|index| {
+                    vec![GpuRef {
+                        node: node.into(),
+                        index,
+                    }]
+                })
+                .unwrap_or_default(),
             onset: t(onset),
             confidence: conf,
             severity: Severity::Critical,
@@ -406,25 +482,60 @@ mod tests {
     #[test]
     fn a_hang_after_a_fatal_xid_is_evidence_on_the_gpu_fault() {
         let mut b = IncidentBook::default();
-        fold(&mut b, 1.0, vec![finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.99)]);
-        let ch = fold(&mut b, 5.0, vec![
-            finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.99),
-            finding(IncidentKind::Hang, &[75], "node-09", Some(3), 0.0, 0.97),
-        ]);
+        fold(
+            &mut b,
+            1.0,
+            vec![finding(
+                IncidentKind::GpuFault,
+                &[75],
+                "node-09",
+                Some(3),
+                0.5,
+                0.99,
+            )],
+        );
+        let ch = fold(
+            &mut b,
+            5.0,
+            vec![
+                finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.99),
+                finding(IncidentKind::Hang, &[75], "node-09", Some(3), 0.0, 0.97),
+            ],
+        );
         assert_eq!(b.all().len(), 1, "{:?}", b.all());
         assert_eq!(b.all()[0].kind, IncidentKind::GpuFault);
         assert_eq!(ch.len(), 1);
-        assert!(b.all()[0].evidence.iter().any(|e| e.text.contains("consequence (hang)")));
+        assert!(
+            b.all()[0]
+                .evidence
+                .iter()
+                .any(|e| e.text.contains("consequence (hang)"))
+        );
     }
 
     #[test]
     fn a_gpu_fault_reported_after_the_hang_takes_the_incident_over() {
         let mut b = IncidentBook::default();
-        fold(&mut b, 4.0, vec![finding(IncidentKind::Hang, &[75], "node-09", Some(3), 0.0, 0.97)]);
-        let ch = fold(&mut b, 6.0, vec![
-            finding(IncidentKind::Hang, &[75], "node-09", Some(3), 0.0, 0.97),
-            finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.99),
-        ]);
+        fold(
+            &mut b,
+            4.0,
+            vec![finding(
+                IncidentKind::Hang,
+                &[75],
+                "node-09",
+                Some(3),
+                0.0,
+                0.97,
+            )],
+        );
+        let ch = fold(
+            &mut b,
+            6.0,
+            vec![
+                finding(IncidentKind::Hang, &[75], "node-09", Some(3), 0.0, 0.97),
+                finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.99),
+            ],
+        );
         assert_eq!(b.all().len(), 1);
         assert_eq!(b.all()[0].kind, IncidentKind::GpuFault);
         assert!(ch.iter().any(|c| c.change == Change::Reclassified));
@@ -433,11 +544,26 @@ mod tests {
     #[test]
     fn an_old_non_fatal_xid_does_not_swallow_a_later_hang() {
         let mut b = IncidentBook::default();
-        fold(&mut b, 1.0, vec![finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.9)]);
-        fold(&mut b, 300.0, vec![
-            finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.9),
-            finding(IncidentKind::Hang, &[75], "node-09", Some(3), 295.0, 0.97),
-        ]);
+        fold(
+            &mut b,
+            1.0,
+            vec![finding(
+                IncidentKind::GpuFault,
+                &[75],
+                "node-09",
+                Some(3),
+                0.5,
+                0.9,
+            )],
+        );
+        fold(
+            &mut b,
+            300.0,
+            vec![
+                finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.5, 0.9),
+                finding(IncidentKind::Hang, &[75], "node-09", Some(3), 295.0, 0.97),
+            ],
+        );
         let kinds: Vec<IncidentKind> = b.all().iter().map(|i| i.kind).collect();
         assert_eq!(kinds, vec![IncidentKind::GpuFault, IncidentKind::Hang]);
     }
@@ -445,8 +571,30 @@ mod tests {
     #[test]
     fn a_hang_in_a_crashed_job_is_the_crash() {
         let mut b = IncidentBook::default();
-        fold(&mut b, 2.0, vec![finding(IncidentKind::Crash, &[7], "node-00", None, 1.0, 0.97)]);
-        fold(&mut b, 4.0, vec![finding(IncidentKind::Hang, &[3], "node-00", None, 1.0, 0.97)]);
+        fold(
+            &mut b,
+            2.0,
+            vec![finding(
+                IncidentKind::Crash,
+                &[7],
+                "node-00",
+                None,
+                1.0,
+                0.97,
+            )],
+        );
+        fold(
+            &mut b,
+            4.0,
+            vec![finding(
+                IncidentKind::Hang,
+                &[3],
+                "node-00",
+                None,
+                1.0,
+                0.97,
+            )],
+        );
         assert_eq!(b.all().len(), 1);
         assert_eq!(b.all()[0].kind, IncidentKind::Crash);
     }
@@ -462,16 +610,25 @@ mod tests {
         fold(&mut b, 30.0, vec![f]);
         assert_eq!(b.all().len(), 1);
         assert_eq!(b.all()[0].state, IncidentState::Open);
-        assert!(b.all()[0].timeline.iter().any(|e| e.what.starts_with("reopened")));
+        assert!(
+            b.all()[0]
+                .timeline
+                .iter()
+                .any(|e| e.what.starts_with("reopened"))
+        );
     }
 
     #[test]
     fn stragglers_on_different_nodes_are_different_incidents() {
         let mut b = IncidentBook::default();
-        fold(&mut b, 1.0, vec![
-            finding(IncidentKind::Straggler, &[8], "node-01", None, 0.0, 0.9),
-            finding(IncidentKind::Straggler, &[40], "node-05", None, 0.0, 0.9),
-        ]);
+        fold(
+            &mut b,
+            1.0,
+            vec![
+                finding(IncidentKind::Straggler, &[8], "node-01", None, 0.0, 0.9),
+                finding(IncidentKind::Straggler, &[40], "node-05", None, 0.0, 0.9),
+            ],
+        );
         assert_eq!(b.all().len(), 2);
     }
 }

@@ -39,7 +39,11 @@ pub struct Ring<T: Copy + Default, const N: usize> {
 
 impl<T: Copy + Default, const N: usize> Default for Ring<T, N> {
     fn default() -> Self {
-        Ring { buf: [T::default(); N], len: 0, next: 0 }
+        Ring {
+            buf: [T::default(); N],
+            len: 0,
+            next: 0,
+        }
     }
 }
 
@@ -75,7 +79,11 @@ pub fn median(v: &mut [f64]) -> Option<f64> {
     }
     v.sort_unstable_by(f64::total_cmp);
     let n = v.len();
-    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
 }
 
 /// What the controller knows about one node's agent.
@@ -335,7 +343,11 @@ impl CommState {
 
     /// Name for people: the registered name, or the hash.
     pub fn label(&self) -> String {
-        if self.name.is_empty() { format!("comm {}", self.id) } else { format!("comm {}", self.name) }
+        if self.name.is_empty() {
+            format!("comm {}", self.id)
+        } else {
+            format!("comm {}", self.name)
+        }
     }
 
     fn record_wait(&mut self, secs: f32) {
@@ -417,7 +429,10 @@ impl JobState {
         }
         let comm = &mut self.comms[ci as usize];
         let s = comm.members.len() as u32;
-        comm.members.push(Member { rank, ..Member::default() });
+        comm.members.push(Member {
+            rank,
+            ..Member::default()
+        });
         comm.multi_node = None;
         self.ranks[rank as usize].comms.push((ci, s));
         s
@@ -513,7 +528,10 @@ impl Cluster {
 
     /// Name of node index `i`.
     pub fn node_name(&self, i: u32) -> &str {
-        self.nodes.get(i as usize).map(String::as_str).unwrap_or("?")
+        self.nodes
+            .get(i as usize)
+            .map(String::as_str)
+            .unwrap_or("?")
     }
 
     /// Apply one decoded batch received at `now`; returns records applied.
@@ -539,7 +557,11 @@ impl Cluster {
         // The agent's clock minus ours, less the (positive) transit time: the largest
         // recent sample is the best estimate of the offset.
         agent.offset_samples.push(batch.sent_at_ns - now.0);
-        agent.offset_ns = agent.offset_samples.recent(OFFSET_SAMPLES).max().unwrap_or(0);
+        agent.offset_ns = agent
+            .offset_samples
+            .recent(OFFSET_SAMPLES)
+            .max()
+            .unwrap_or(0);
         if let Some(hb) = &batch.heartbeat {
             agent.collectors_down.clone_from(&hb.collectors_down);
         }
@@ -564,7 +586,9 @@ impl Cluster {
         offset: i64,
         now: Timestamp,
     ) -> usize {
-        let Some(agent) = self.agents.get_mut(node_name) else { return 0 };
+        let Some(agent) = self.agents.get_mut(node_name) else {
+            return 0;
+        };
         if !agent.seen_events.insert(ev.id) {
             return 0;
         }
@@ -586,23 +610,30 @@ impl Cluster {
             return 1;
         }
         let at = Timestamp(ev.at_ns.saturating_sub(offset));
-        let t = self.gpu_trouble.entry((node, ev.gpu_index)).or_insert_with(|| GpuTrouble {
-            node,
-            gpu: ev.gpu_index,
-            first_at: at,
-            last_at: at,
-            received_at: now,
-            severity,
-            codes: Vec::new(),
-            message: ev.message.clone(),
-        });
+        let t = self
+            .gpu_trouble
+            .entry((node, ev.gpu_index))
+            .or_insert_with(|| GpuTrouble {
+                node,
+                gpu: ev.gpu_index,
+                first_at: at,
+                last_at: at,
+                received_at: now,
+                severity,
+                codes: Vec::new(),
+                message: ev.message.clone(),
+            });
         t.last_at = t.last_at.max(at);
         if severity > t.severity {
             t.severity = severity;
             t.message.clone_from(&ev.message);
         }
         let count = ev.count.max(1);
-        match t.codes.iter_mut().find(|(k, c, _)| *k == kind && *c == ev.code) {
+        match t
+            .codes
+            .iter_mut()
+            .find(|(k, c, _)| *k == kind && *c == ev.code)
+        {
             Some(e) => e.2 = e.2.saturating_add(count),
             None => t.codes.push((kind, ev.code, count)),
         }
@@ -617,10 +648,10 @@ impl Cluster {
         now: Timestamp,
         stats: &mut EngineStats,
     ) -> usize {
-        let job = self
-            .jobs
-            .entry(js.job.clone())
-            .or_insert_with(|| JobState { name: js.job.clone(), ..JobState::default() });
+        let job = self.jobs.entry(js.job.clone()).or_insert_with(|| JobState {
+            name: js.job.clone(),
+            ..JobState::default()
+        });
         let mut n = 0;
         for r in &js.ranks {
             apply_rank_info(job, node, r, now);
@@ -654,7 +685,12 @@ impl Cluster {
     }
 
     /// Live progress of a job's ranks.
-    pub fn rank_views(&self, job: &str, now: Timestamp, origin: Timestamp) -> Option<Vec<RankView>> {
+    pub fn rank_views(
+        &self,
+        job: &str,
+        now: Timestamp,
+        origin: Timestamp,
+    ) -> Option<Vec<RankView>> {
         let js = self.jobs.get(job)?;
         let compute_med = job_compute_median(js);
         let mut out = Vec::with_capacity(js.ranks.len());
@@ -688,10 +724,13 @@ impl Cluster {
                 step: r.step,
                 loss: r.loss.filter(|x| x.is_finite()),
                 grad_norm: r.grad_norm.filter(|x| x.is_finite()),
-                compute_ratio: own.zip(compute_med).map(|(a, b)| if b > 0.0 { a / b } else { 1.0 }),
+                compute_ratio: own
+                    .zip(compute_med)
+                    .map(|(a, b)| if b > 0.0 { a / b } else { 1.0 }),
                 transfer_ratio: None,
                 comms,
-                last_seen_s: (r.last_seen > Timestamp::ZERO).then(|| r.last_seen.secs_since(origin)),
+                last_seen_s: (r.last_seen > Timestamp::ZERO)
+                    .then(|| r.last_seen.secs_since(origin)),
             });
         }
         Some(out)
@@ -703,7 +742,12 @@ impl Cluster {
             .jobs
             .values()
             .map(|j| {
-                let mut nodes: Vec<u32> = j.ranks.iter().map(|r| r.node).filter(|&n| n != NO_NODE).collect();
+                let mut nodes: Vec<u32> = j
+                    .ranks
+                    .iter()
+                    .map(|r| r.node)
+                    .filter(|&n| n != NO_NODE)
+                    .collect();
                 nodes.sort_unstable();
                 nodes.dedup();
                 JobView {
@@ -724,8 +768,11 @@ impl Cluster {
 
     /// (node, seconds since last heard) per agent.
     pub fn agents(&self, now: Timestamp) -> Vec<(String, f64)> {
-        let mut v: Vec<(String, f64)> =
-            self.agents.values().map(|a| (a.node.clone(), now.secs_since(a.last_heard))).collect();
+        let mut v: Vec<(String, f64)> = self
+            .agents
+            .values()
+            .map(|a| (a.node.clone(), now.secs_since(a.last_heard)))
+            .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -738,7 +785,11 @@ pub fn rank_compute_median(r: &RankState, k: usize) -> Option<f64> {
 }
 
 fn job_compute_median(js: &JobState) -> Option<f64> {
-    let mut v: Vec<f64> = js.ranks.iter().filter_map(|r| rank_compute_median(r, 8)).collect();
+    let mut v: Vec<f64> = js
+        .ranks
+        .iter()
+        .filter_map(|r| rank_compute_median(r, 8))
+        .collect();
     median(&mut v)
 }
 
@@ -831,7 +882,11 @@ fn apply_collective(job: &mut JobState, ev: &CollectiveEvent, offset: i64, now: 
         job.ranks[ev.rank as usize].anchor = anchor;
     }
     let rank = &mut job.ranks[ev.rank as usize];
-    let pos = rank.comms.iter().position(|&(c, _)| c == ci).map(|p| p as u32);
+    let pos = rank
+        .comms
+        .iter()
+        .position(|&(c, _)| c == ci)
+        .map(|p| p as u32);
     if pos.is_some() && pos == rank.anchor {
         let period = ev.end_ns - rank.period_start_ns;
         if !rank.period_dirty && rank.period_start_ns > 0 && period > 0 {
@@ -852,12 +907,18 @@ fn apply_collective(job: &mut JobState, ev: &CollectiveEvent, offset: i64, now: 
 
 /// The rank's least frequent communicator, once every one has a few completions.
 fn choose_anchor(comms: &[CommState], mine: &[(u32, u32)]) -> Option<u32> {
-    let counts: Vec<u32> =
-        mine.iter().map(|&(ci, s)| comms[ci as usize].members[s as usize].completions).collect();
+    let counts: Vec<u32> = mine
+        .iter()
+        .map(|&(ci, s)| comms[ci as usize].members[s as usize].completions)
+        .collect();
     if counts.iter().any(|&c| c < 2) {
         return None;
     }
-    counts.iter().enumerate().min_by_key(|&(_, c)| *c).map(|(i, _)| i as u32)
+    counts
+        .iter()
+        .enumerate()
+        .min_by_key(|&(_, c)| *c)
+        .map(|(i, _)| i as u32)
 }
 
 fn apply_metric(job: &mut JobState, m: &TrainingMetric, offset: i64, now: Timestamp) {
@@ -876,8 +937,15 @@ fn apply_metric(job: &mut JobState, m: &TrainingMetric, offset: i64, now: Timest
         None
     };
     if let Some(stage) = stage {
-        let nf = NonFinite { step: m.step, stage, at: Timestamp(m.at_ns.saturating_sub(offset)), received_at: now };
-        let earlier = r.nonfinite.is_none_or(|old| (nf.step, nf.stage) < (old.step, old.stage));
+        let nf = NonFinite {
+            step: m.step,
+            stage,
+            at: Timestamp(m.at_ns.saturating_sub(offset)),
+            received_at: now,
+        };
+        let earlier = r
+            .nonfinite
+            .is_none_or(|old| (nf.step, nf.stage) < (old.step, old.stage));
         if earlier {
             r.nonfinite = Some(nf);
         }
@@ -888,7 +956,10 @@ fn apply_process(job: &mut JobState, p: &ProcessState, offset: i64, now: Timesta
     let r = job.rank_mut(p.rank);
     r.last_seen = now;
     if p.alive {
-        if r.exit.as_ref().is_some_and(|e| e.pid != p.pid && p.pid != 0) {
+        if r.exit
+            .as_ref()
+            .is_some_and(|e| e.pid != p.pid && p.pid != 0)
+        {
             r.exit = None;
             r.peer_symptom = false;
         }
@@ -957,7 +1028,11 @@ mod tests {
             boot_id: "b".into(),
             seq,
             sent_at_ns: T0 + (sent * 1e9) as i64,
-            jobs: vec![JobSignals { job: "j".into(), collectives: colls, ..Default::default() }],
+            jobs: vec![JobSignals {
+                job: "j".into(),
+                collectives: colls,
+                ..Default::default()
+            }],
             ..Default::default()
         }
     }
@@ -981,7 +1056,12 @@ mod tests {
     fn duplicate_and_stale_collectives_change_nothing() {
         let mut c = Cluster::default();
         let mut st = EngineStats::default();
-        let b = batch("n0", 1, 2.0, vec![coll(1, 0, 1, 0.0, Some(1.0)), coll(1, 0, 2, 1.5, Some(1.9))]);
+        let b = batch(
+            "n0",
+            1,
+            2.0,
+            vec![coll(1, 0, 1, 0.0, Some(1.0)), coll(1, 0, 2, 1.5, Some(1.9))],
+        );
         c.apply(b.clone(), at(2.0), &mut st);
         assert_eq!(st.collective_events, 2);
         c.apply(b, at(2.1), &mut st);
@@ -1026,7 +1106,11 @@ mod tests {
         }
         c.apply(batch("n0", 1, t + 0.1, evs), at(t + 0.1), &mut st);
         let r = &c.jobs["j"].ranks[0];
-        assert_eq!(r.anchor, Some(1), "the once-per-iteration comm closes iterations");
+        assert_eq!(
+            r.anchor,
+            Some(1),
+            "the once-per-iteration comm closes iterations"
+        );
         let med = rank_compute_median(r, 8).expect("samples");
         assert!((med - 1.0).abs() < 1e-3, "compute {med}");
     }
@@ -1045,6 +1129,10 @@ mod tests {
         }
         c.apply(batch("n0", 1, 7.0, evs), at(7.0), &mut st);
         let r = &c.jobs["j"].ranks[0];
-        assert!(r.compute.recent(32).all(|s| (s.secs - 0.7).abs() < 1e-3), "{:?}", r.compute);
+        assert!(
+            r.compute.recent(32).all(|s| (s.secs - 0.7).abs() < 1e-3),
+            "{:?}",
+            r.compute
+        );
     }
 }

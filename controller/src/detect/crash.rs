@@ -19,7 +19,10 @@ pub struct CrashConfig {
 
 impl Default for CrashConfig {
     fn default() -> Self {
-        CrashConfig { grace_secs: 1.0, tie_secs: 0.005 }
+        CrashConfig {
+            grace_secs: 1.0,
+            tie_secs: 0.005,
+        }
     }
 }
 
@@ -30,7 +33,12 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         .ranks
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| r.exit.as_ref().filter(|e| e.abnormal()).map(|e| (i as u32, e)))
+        .filter_map(|(i, r)| {
+            r.exit
+                .as_ref()
+                .filter(|e| e.abnormal())
+                .map(|e| (i as u32, e))
+        })
         .collect();
     let Some(first_received) = exits.iter().map(|(_, e)| e.received_at).min() else {
         return vec![];
@@ -40,11 +48,19 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     }
     let causes: Vec<&(u32, &crate::state::ExitRecord)> =
         exits.iter().filter(|(_, e)| !e.peer_symptom).collect();
-    let pool: Vec<&(u32, &crate::state::ExitRecord)> =
-        if causes.is_empty() { exits.iter().collect() } else { causes };
-    let Some(first_at) = pool.iter().map(|(_, e)| e.at).min() else { return vec![] };
-    let mut culprits: Vec<u32> =
-        pool.iter().filter(|(_, e)| e.at.secs_since(first_at) <= cfg.tie_secs).map(|(r, _)| *r).collect();
+    let pool: Vec<&(u32, &crate::state::ExitRecord)> = if causes.is_empty() {
+        exits.iter().collect()
+    } else {
+        causes
+    };
+    let Some(first_at) = pool.iter().map(|(_, e)| e.at).min() else {
+        return vec![];
+    };
+    let mut culprits: Vec<u32> = pool
+        .iter()
+        .filter(|(_, e)| e.at.secs_since(first_at) <= cfg.tie_secs)
+        .map(|(r, _)| *r)
+        .collect();
     culprits.sort_unstable();
     let followers = exits.len() - culprits.len();
     let symptom_free = exits.iter().filter(|(_, e)| !e.peer_symptom).count();
@@ -74,7 +90,10 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         text: format!("{} exited with {how}", w.describe_rank(culprits[0])),
     }];
     for line in lead.last_errors.iter().rev().take(3) {
-        evidence.push(Evidence { at: first_at, text: format!("rank {} logged: {line}", culprits[0]) });
+        evidence.push(Evidence {
+            at: first_at,
+            text: format!("rank {} logged: {line}", culprits[0]),
+        });
     }
     let symptomatic = exits.iter().filter(|(_, e)| e.peer_symptom).count();
     if symptomatic > 0 {

@@ -17,7 +17,9 @@ pub struct GpuConfig {
 
 impl Default for GpuConfig {
     fn default() -> Self {
-        GpuConfig { retention_secs: 3600.0 }
+        GpuConfig {
+            retention_secs: 3600.0,
+        }
     }
 }
 
@@ -96,7 +98,12 @@ fn finding(cluster: &Cluster, t: &GpuTrouble) -> Finding {
     let (worst_kind, worst_code) = t
         .codes
         .iter()
-        .max_by_key(|(k, c, _)| (matches!(k, NodeEventKind::FallenOffBus | NodeEventKind::Xid), c.unwrap_or(0)))
+        .max_by_key(|(k, c, _)| {
+            (
+                matches!(k, NodeEventKind::FallenOffBus | NodeEventKind::Xid),
+                c.unwrap_or(0),
+            )
+        })
         .map(|(k, c, _)| (*k, *c))
         .unwrap_or((NodeEventKind::Other, None));
     let what = describe(worst_kind, worst_code);
@@ -115,20 +122,36 @@ fn finding(cluster: &Cluster, t: &GpuTrouble) -> Finding {
         _ => String::new(),
     };
     let total: u32 = t.codes.iter().map(|(_, _, n)| *n).sum();
-    let mut evidence = vec![Evidence { at: t.first_at, text: format!("{node} kernel log: {}", t.message) }];
+    let mut evidence = vec![Evidence {
+        at: t.first_at,
+        text: format!("{node} kernel log: {}", t.message),
+    }];
     for (k, c, n) in &t.codes {
-        evidence.push(Evidence { at: t.last_at, text: format!("{} seen {n} time(s)", describe(*k, *c)) });
+        evidence.push(Evidence {
+            at: t.last_at,
+            text: format!("{} seen {n} time(s)", describe(*k, *c)),
+        });
     }
     Finding {
         kind: IncidentKind::GpuFault,
         job,
         ranks,
         nodes: vec![node.clone()],
-        gpus: t.gpu.map(|index| vec![GpuRef { node, index }]).unwrap_or_default(),
+        gpus: t
+            .gpu
+            .map(|index| vec![GpuRef { node, index }])
+            .unwrap_or_default(),
         onset: t.first_at,
         confidence,
         severity,
-        summary: format!("{place} reported {what}, {grade}{runs}{}", if total > 1 { format!(" ({total} events)") } else { String::new() }),
+        summary: format!(
+            "{place} reported {what}, {grade}{runs}{}",
+            if total > 1 {
+                format!(" ({total} events)")
+            } else {
+                String::new()
+            }
+        ),
         evidence,
     }
 }

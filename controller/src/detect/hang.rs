@@ -5,8 +5,8 @@
 //! inside any collective. Checkpoint and evaluation pauses never trip it, because then
 //! nobody is inside a collective.
 
-use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
 use warden_model::wire::CollOp;
+use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
 
 use super::{Verdict, Window};
 use crate::state::CommState;
@@ -26,7 +26,12 @@ pub struct HangConfig {
 
 impl Default for HangConfig {
     fn default() -> Self {
-        HangConfig { min_wait_secs: 1.0, wait_factor: 1.5, max_bound_secs: 120.0, exited_fraction: 0.25 }
+        HangConfig {
+            min_wait_secs: 1.0,
+            wait_factor: 1.5,
+            max_bound_secs: 120.0,
+            exited_fraction: 0.25,
+        }
     }
 }
 
@@ -53,10 +58,17 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     }
     let mut stalls: Vec<Stall<'_>> = Vec::new();
     for c in &job.comms {
-        if c.inflight_since == Timestamp::MAX || now.secs_since(c.inflight_since) < cfg.min_wait_secs {
+        if c.inflight_since == Timestamp::MAX
+            || now.secs_since(c.inflight_since) < cfg.min_wait_secs
+        {
             continue;
         }
-        let seq = c.members.iter().map(|m| m.last_started_seq).max().unwrap_or(0);
+        let seq = c
+            .members
+            .iter()
+            .map(|m| m.last_started_seq)
+            .max()
+            .unwrap_or(0);
         if seq <= c.max_completed_seq {
             continue;
         }
@@ -64,8 +76,11 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         let mut waiting = 0;
         let mut oldest = Timestamp::MAX;
         let mut missing = Vec::new();
+        let mut waits_on_dead = false;
         for m in &c.members {
             if !alive(m.rank) {
+                // Waiting for a rank that died is the crash detector's business.
+                waits_on_dead |= m.last_started_seq < seq;
                 continue;
             }
             if m.last_started_seq == seq && m.last_completed_seq < seq {
@@ -75,10 +90,16 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
                 missing.push(m.rank);
             }
         }
-        if waiting == 0 || now.secs_since(oldest) < bound_secs(cfg, c) {
+        if waiting == 0 || waits_on_dead || now.secs_since(oldest) < bound_secs(cfg, c) {
             continue;
         }
-        stalls.push(Stall { comm: c, seq, waiting, oldest, missing });
+        stalls.push(Stall {
+            comm: c,
+            seq,
+            waiting,
+            oldest,
+            missing,
+        });
     }
     if stalls.is_empty() {
         return vec![];
@@ -92,12 +113,19 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         .collect();
     culprits.sort_unstable();
     culprits.dedup();
-    let blocked = job.ranks.iter().enumerate().filter(|(i, r)| r.alive() && job.blocked_in(*i as u32).is_some()).count();
+    let blocked = job
+        .ranks
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| r.alive() && job.blocked_in(*i as u32).is_some())
+        .count();
 
     if culprits.is_empty() {
         // Everyone entered, nobody finished: the fault is inside the collective (a GPU
         // or a link). Name the communicator's nodes as suspects, with low confidence.
-        let Some(s) = stalls.iter().min_by_key(|s| s.oldest) else { return vec![] };
+        let Some(s) = stalls.iter().min_by_key(|s| s.oldest) else {
+            return vec![];
+        };
         let ranks: Vec<u32> = s.comm.members.iter().map(|m| m.rank).collect();
         let (nodes, _) = w.places(&ranks);
         let op = CollOp::from_wire(s.comm.op).as_str();
@@ -156,7 +184,12 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         let last = rank
             .comms
             .iter()
-            .map(|&(ci, s)| (&job.comms[ci as usize], &job.comms[ci as usize].members[s as usize]))
+            .map(|&(ci, s)| {
+                (
+                    &job.comms[ci as usize],
+                    &job.comms[ci as usize].members[s as usize],
+                )
+            })
             .max_by_key(|(_, m)| m.last_completed_at);
         if let Some((c, m)) = last {
             evidence.push(Evidence {
@@ -186,7 +219,11 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         });
     }
     let (nodes, gpus) = w.places(&culprits);
-    let confidence = if culprits.len() == 1 { 0.97 } else { (0.9 / culprits.len() as f64).max(0.3) };
+    let confidence = if culprits.len() == 1 {
+        0.97
+    } else {
+        (0.9 / culprits.len() as f64).max(0.3)
+    };
     vec![Verdict::Finding(Finding {
         kind: IncidentKind::Hang,
         job: Some(job.name.clone()),

@@ -51,7 +51,10 @@ impl Window<'_> {
             if let Some(n) = self.node_of(r) {
                 nodes.push(n.to_owned());
                 if let Some(g) = self.job.ranks[r as usize].gpu {
-                    gpus.push(warden_model::GpuRef { node: n.to_owned(), index: g });
+                    gpus.push(warden_model::GpuRef {
+                        node: n.to_owned(),
+                        index: g,
+                    });
                 }
             }
         }
@@ -60,7 +63,10 @@ impl Window<'_> {
 
     /// "rank 77 (node-09 gpu 5)".
     pub fn describe_rank(&self, rank: u32) -> String {
-        match (self.node_of(rank), self.job.ranks.get(rank as usize).and_then(|r| r.gpu)) {
+        match (
+            self.node_of(rank),
+            self.job.ranks.get(rank as usize).and_then(|r| r.gpu),
+        ) {
             (Some(n), Some(g)) => format!("rank {rank} ({n} gpu {g})"),
             (Some(n), None) => format!("rank {rank} ({n})"),
             _ => format!("rank {rank}"),
@@ -120,7 +126,10 @@ pub struct Verdicts {
 impl Detectors {
     /// Detectors with these settings.
     pub fn new(config: DetectConfig) -> Self {
-        Detectors { config, heavy: Default::default() }
+        Detectors {
+            config,
+            heavy: Default::default(),
+        }
     }
 
     /// Run every detector at `now`.
@@ -136,7 +145,10 @@ impl Detectors {
         let mut names: Vec<&String> = cluster.jobs.keys().collect();
         names.sort();
         for name in names {
-            let w = Window { job: &cluster.jobs[name], cluster };
+            let w = Window {
+                job: &cluster.jobs[name],
+                cluster,
+            };
             for v in crash::check(&c.crash, w, now) {
                 push(v);
             }
@@ -146,10 +158,16 @@ impl Detectors {
             for v in hang::check(&c.hang, w, now) {
                 push(v);
             }
-            let due = self.heavy.get(name.as_str()).is_none_or(|(t, _)| now.secs_since(*t) >= HEAVY_PERIOD_SECS);
+            let due = self
+                .heavy
+                .get(name.as_str())
+                .is_none_or(|(t, _)| now.secs_since(*t) >= HEAVY_PERIOD_SECS);
             if due {
                 let mut found = Vec::new();
-                for v in straggler::check(&c.straggler, w, now).into_iter().chain(slow_link::check(&c.slow_link, w, now)) {
+                for v in straggler::check(&c.straggler, w, now)
+                    .into_iter()
+                    .chain(slow_link::check(&c.slow_link, w, now))
+                {
                     if let Verdict::Finding(f) = v {
                         found.push(f);
                     }
@@ -168,3 +186,6 @@ impl Detectors {
         out
     }
 }
+
+#[cfg(test)]
+mod tests;

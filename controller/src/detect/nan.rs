@@ -20,7 +20,10 @@ pub struct NanConfig {
 
 impl Default for NanConfig {
     fn default() -> Self {
-        NanConfig { grace_secs: 0.4, tie_secs: 0.05 }
+        NanConfig {
+            grace_secs: 0.4,
+            tie_secs: 0.05,
+        }
     }
 }
 
@@ -39,12 +42,21 @@ pub fn check(cfg: &NanConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     if now.secs_since(first_received) < cfg.grace_secs {
         return vec![Verdict::NeedMoreData];
     }
-    let Some(key) = reports.iter().map(|(_, n)| (n.step, n.stage)).min() else { return vec![] };
-    let first: Vec<&(u32, crate::state::NonFinite)> =
-        reports.iter().filter(|(_, n)| (n.step, n.stage) == key).collect();
-    let Some(t0) = first.iter().map(|(_, n)| n.at).min() else { return vec![] };
-    let mut culprits: Vec<u32> =
-        first.iter().filter(|(_, n)| n.at.secs_since(t0) <= cfg.tie_secs).map(|(r, _)| *r).collect();
+    let Some(key) = reports.iter().map(|(_, n)| (n.step, n.stage)).min() else {
+        return vec![];
+    };
+    let first: Vec<&(u32, crate::state::NonFinite)> = reports
+        .iter()
+        .filter(|(_, n)| (n.step, n.stage) == key)
+        .collect();
+    let Some(t0) = first.iter().map(|(_, n)| n.at).min() else {
+        return vec![];
+    };
+    let mut culprits: Vec<u32> = first
+        .iter()
+        .filter(|(_, n)| n.at.secs_since(t0) <= cfg.tie_secs)
+        .map(|(r, _)| *r)
+        .collect();
     culprits.sort_unstable();
     let what = if key.1 == 0 { "loss" } else { "gradient norm" };
     let confidence = match (culprits.len(), first.len()) {
@@ -64,15 +76,25 @@ pub fn check(cfg: &NanConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     );
     let mut evidence = vec![Evidence {
         at: t0,
-        text: format!("{} {what} was not finite at step {}", w.describe_rank(culprits[0]), key.0),
+        text: format!(
+            "{} {what} was not finite at step {}",
+            w.describe_rank(culprits[0]),
+            key.0
+        ),
     }];
     if first.len() > culprits.len() {
         evidence.push(Evidence {
             at: t0,
-            text: format!("{} ranks showed a non-finite {what} at the same step", first.len()),
+            text: format!(
+                "{} ranks showed a non-finite {what} at the same step",
+                first.len()
+            ),
         });
     }
-    let same_step_grad = reports.iter().filter(|(_, n)| n.step == key.0 && n.stage == 1).count();
+    let same_step_grad = reports
+        .iter()
+        .filter(|(_, n)| n.step == key.0 && n.stage == 1)
+        .count();
     if key.1 == 0 && same_step_grad > 0 {
         evidence.push(Evidence {
             at: t0,

@@ -23,7 +23,11 @@ pub struct SlowLinkConfig {
 
 impl Default for SlowLinkConfig {
     fn default() -> Self {
-        SlowLinkConfig { min_ratio: 1.4, sigmas: 6.0, min_samples: 5 }
+        SlowLinkConfig {
+            min_ratio: 1.4,
+            sigmas: 6.0,
+            min_samples: 5,
+        }
     }
 }
 
@@ -45,7 +49,9 @@ pub fn check(cfg: &SlowLinkConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict
         }
         let class = classes.entry((c.op, c.members.len(), c.bytes)).or_default();
         for m in &c.members {
-            let Some(rank) = job.ranks.get(m.rank as usize) else { continue };
+            let Some(rank) = job.ranks.get(m.rank as usize) else {
+                continue;
+            };
             if !rank.alive() || rank.node == NO_NODE || m.xfer.len() < cfg.min_samples {
                 continue;
             }
@@ -59,12 +65,17 @@ pub fn check(cfg: &SlowLinkConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict
     let mut per_node: FxHashMap<u32, Vec<f64>> = FxHashMap::default();
     for members in classes.values() {
         let mut xs: Vec<f64> = members.iter().map(|p| p.1).collect();
-        let Some(base) = median(&mut xs) else { continue };
+        let Some(base) = median(&mut xs) else {
+            continue;
+        };
         if base <= 0.0 || members.len() < 3 {
             continue;
         }
         for &(r, x) in members {
-            per_node.entry(job.ranks[r as usize].node).or_default().push(x / base);
+            per_node
+                .entry(job.ranks[r as usize].node)
+                .or_default()
+                .push(x / base);
         }
     }
     let mut scores: Vec<(u32, f64, usize)> = per_node

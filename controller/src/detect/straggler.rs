@@ -75,13 +75,20 @@ fn scores(w: Window<'_>, window: usize) -> Option<(f64, Vec<(u32, f64)>, Vec<Nod
     let ratios: Vec<(u32, f64)> = per_rank.iter().map(|&(r, m)| (r, m / base)).collect();
     let mut by_node: std::collections::BTreeMap<u32, Vec<(u32, f64)>> = Default::default();
     for &(r, x) in &ratios {
-        by_node.entry(job.ranks[r as usize].node).or_default().push((r, x));
+        by_node
+            .entry(job.ranks[r as usize].node)
+            .or_default()
+            .push((r, x));
     }
     let nodes = by_node
         .into_iter()
         .filter_map(|(node, v)| {
             let mut xs: Vec<f64> = v.iter().map(|p| p.1).collect();
-            median(&mut xs).map(|ratio| NodeScore { node, ratio, ranks: v.iter().map(|p| p.0).collect() })
+            median(&mut xs).map(|ratio| NodeScore {
+                node,
+                ratio,
+                ranks: v.iter().map(|p| p.0).collect(),
+            })
         })
         .collect();
     Some((base, ratios, nodes))
@@ -90,8 +97,13 @@ fn scores(w: Window<'_>, window: usize) -> Option<(f64, Vec<(u32, f64)>, Vec<Nod
 /// Check one job.
 pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let mut flagged: Vec<(u32, f64, f64, Vec<u32>, usize)> = Vec::new(); // node, ratio, base, ranks, window
-    for (window, min_ratio) in [(cfg.fast_window, cfg.fast_min_ratio), (cfg.slow_window, cfg.slow_min_ratio)] {
-        let Some((base, _, nodes)) = scores(w, window) else { continue };
+    for (window, min_ratio) in [
+        (cfg.fast_window, cfg.fast_min_ratio),
+        (cfg.slow_window, cfg.slow_min_ratio),
+    ] {
+        let Some((base, _, nodes)) = scores(w, window) else {
+            continue;
+        };
         if nodes.len() < 3 {
             continue;
         }

@@ -1,0 +1,520 @@
+//! Table tests for the detectors: tiny jobs built record by record with explicit
+//! timestamps, one `check` helper per detector.
+
+use warden_model::wire::{
+    Batch, CollOp, CollectiveEvent, EventSeverity, JobSignals, LogRecord, NodeEvent, NodeEventKind,
+    ProcessState, RankInfo, TrainingMetric,
+};
+use warden_model::{Finding, IncidentKind, Timestamp};
+
+use super::{DetectConfig, Verdict, Window};
+use crate::engine::EngineStats;
+use crate::state::{Cluster, ComputeSample};
+
+const T0: i64 = 1_767_225_600_000_000_000;
+
+fn at(s: f64) -> Timestamp {
+    Timestamp(T0 + (s * 1e9) as i64)
+}
+
+fn ns(s: f64) -> i64 {
+    T0 + (s * 1e9) as i64
+}
+
+/// A job of `nodes` × `per_node` ranks, fed through the real apply path.
+struct Job {
+    cluster: Cluster,
+    per_node: u32,
+    seq: u64,
+    stats: EngineStats,
+}
+
+impl Job {
+    fn new(nodes: u32, per_node: u32) -> Job {
+        let mut j = Job {
+            cluster: Cluster::default(),
+            per_node,
+            seq: 0,
+            stats: EngineStats::default(),
+        };
+        for n in 0..nodes {
+            let ranks = (n * per_node..(n + 1) * per_node)
+                .map(|r| RankInfo {
+                    rank: r,
+                    world_size: nodes * per_node,
+                    pid: 100 + r,
+                    gpu_index: Some(r % per_node),
+                    gpu_uuid: String::new(),
+                })
+                .collect();
+            j.send(
+                n,
+                0.0,
+                JobSignals {
+                    job: "j".into(),
+                    ranks,
+                    ..Default::default()
+                },
+                vec![],
+            );
+        }
+        j
+    }
+
+    fn node_of(&self, r: u32) -> u32 {
+        r / self.per_node
+    }
+
+    fn send(&mut self, node: u32, t: f64, js: JobSignals, events: Vec<NodeEvent>) {
+        self.seq += 1;
+        let b = Batch {
+            node: format!("node-{node:02}"),
+            agent_id: "a".into(),
+            boot_id: "b".into(),
+            seq: self.seq,
+            sent_at_ns: ns(t),
+            jobs: vec![js],
+            events,
+            ..Default::default()
+        };
+        self.cluster.apply(b, at(t), &mut self.stats);
+    }
+
+    /// Rank `r` entered `seq` of `comm` at `start` and (if `end`) completed it.
+    fn coll(&mut self, comm: u64, r: u32, seq: u64, start: f64, end: Option<f64>) {
+        let ev = CollectiveEvent {
+            comm,
+            rank: r,
+            seq,
+            op: CollOp::AllReduce as i32,
+            bytes: 1 << 20,
+            start_ns: ns(start),
+            end_ns: end.map_or(0, ns),
+            xfer_ns: 1_000_000,
+        };
+        let t = end.unwrap_or(start);
+        self.send(
+            self.node_of(r),
+            t,
+            JobSignals {
+                job: "j".into(),
+                collectives: vec![ev],
+                ..Default::default()
+            },
+            vec![],
+        );
+    }
+
+    fn exit(
+        &mut self,
+        r: u32,
+        t: f64,
+        code: Option<i32>,
+        signal: Option<i32>,
+        last_words: Option<&str>,
+    ) {
+        let logs = last_words
+            .map(|l| {
+                vec![LogRecord {
+                    rank: Some(r),
+                    at_ns: ns(t),
+                    stream: 1,
+                    line: l.into(),
+                }]
+            })
+            .unwrap_or_default();
+        let p = ProcessState {
+            rank: r,
+            pid: 100 + r,
+            at_ns: ns(t),
+            alive: false,
+            exit_code: code,
+            signal,
+        };
+        self.send(
+            self.node_of(r),
+            t,
+            JobSignals {
+                job: "j".into(),
+                processes: vec![p],
+                logs,
+                ..Default::default()
+            },
+            vec![],
+        );
+    }
+
+    fn metric(&mut self, r: u32, step: u64, t: f64, loss: f64, grad: f64) {
+        let m = TrainingMetric {
+            rank: r,
+            step,
+            at_ns: ns(t),
+            loss: Some(loss),
+            grad_norm: Some(grad),
+            tokens_per_s: None,
+        };
+        self.send(
+            self.node_of(r),
+            t,
+            JobSignals {
+                job: "j".into(),
+                metrics: vec![m],
+                ..Default::default()
+            },
+            vec![],
+        );
+    }
+
+    fn compute(&mut self, r: u32, samples: &[f64]) {
+        let job = self.cluster.jobs.get_mut("j").expect("job exists");
+        for (i, &s) in samples.iter().enumerate() {
+            job.ranks[r as usize].compute.push(ComputeSample {
+                secs: s as f32,
+                period: 1.2,
+                at: at(i as f64),
+            });
+        }
+    }
+
+    fn findings(&self, kind: IncidentKind, now: f64) -> Vec<Finding> {
+        let cfg = DetectConfig::default();
+        let w = Window {
+            job: &self.cluster.jobs["j"],
+            cluster: &self.cluster,
+        };
+        let now = at(now);
+        let verdicts = match kind {
+            IncidentKind::Hang => super::hang::check(&cfg.hang, w, now),
+            IncidentKind::Crash => super::crash::check(&cfg.crash, w, now),
+            IncidentKind::Nan => super::nan::check(&cfg.nan, w, now),
+            IncidentKind::Straggler => super::straggler::check(&cfg.straggler, w, now),
+            IncidentKind::SlowLink => super::slow_link::check(&cfg.slow_link, w, now),
+            IncidentKind::GpuFault => super::gpu::check(&cfg.gpu, &self.cluster, now),
+        };
+        verdicts
+            .into_iter()
+            .filter_map(|v| match v {
+                Verdict::Finding(f) => Some(f.normalize()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn need_more_data(&self, kind: IncidentKind, now: f64) -> bool {
+        let cfg = DetectConfig::default();
+        let w = Window {
+            job: &self.cluster.jobs["j"],
+            cluster: &self.cluster,
+        };
+        let v = match kind {
+            IncidentKind::Crash => super::crash::check(&cfg.crash, w, at(now)),
+            IncidentKind::Nan => super::nan::check(&cfg.nan, w, at(now)),
+            _ => vec![],
+        };
+        v == vec![Verdict::NeedMoreData]
+    }
+}
+
+/// Expect exactly one finding of `kind` naming `ranks` (or nothing when `None`).
+fn check(job: &Job, kind: IncidentKind, now: f64, expect: Option<&[u32]>) {
+    let f = job.findings(kind, now);
+    match expect {
+        None => assert!(f.is_empty(), "expected no {kind}, got {f:#?}"),
+        Some(ranks) => {
+            assert_eq!(f.len(), 1, "expected one {kind}, got {f:#?}");
+            assert_eq!(f[0].ranks, ranks, "{}", f[0].summary);
+        }
+    }
+}
+
+/// Four ranks in one communicator, seq 1..=9 completed together every second.
+fn steady(nranks: u32) -> Job {
+    let mut j = Job::new(nranks, 1);
+    for seq in 1..=9u64 {
+        let t = seq as f64;
+        for r in 0..nranks {
+            j.coll(7, r, seq, t - 0.1, Some(t));
+        }
+    }
+    j
+}
+
+#[test]
+fn hang_culprit_is_the_rank_that_never_entered() {
+    let mut j = steady(4);
+    for r in 0..3 {
+        j.coll(7, r, 10, 10.0, None);
+    }
+    check(&j, IncidentKind::Hang, 10.5, None); // within the bound
+    check(&j, IncidentKind::Hang, 12.0, Some(&[3]));
+    let f = &j.findings(IncidentKind::Hang, 12.0)[0];
+    assert!(
+        f.summary
+            .starts_with("rank 3 never entered allreduce seq 10"),
+        "{}",
+        f.summary
+    );
+    assert_eq!(f.onset, at(9.0), "onset is the culprit's last completion");
+}
+
+#[test]
+fn hang_is_never_fooled_by_a_pause_outside_collectives() {
+    let j = steady(4);
+    check(&j, IncidentKind::Hang, 60.0, None);
+}
+
+#[test]
+fn hang_culprit_is_found_through_blocked_ranks() {
+    // TP {0,1}: 0 waits in seq 10, 1 idle. DP {0,2}: 2 waits in seq 5 for 0, which is
+    // blocked in TP, so only rank 1 is a root.
+    let mut j = Job::new(3, 1);
+    for seq in 1..=9u64 {
+        j.coll(1, 0, seq, seq as f64 - 0.1, Some(seq as f64));
+        j.coll(1, 1, seq, seq as f64 - 0.1, Some(seq as f64));
+    }
+    for seq in 1..=4u64 {
+        j.coll(2, 0, seq, seq as f64 + 0.1, Some(seq as f64 + 0.2));
+        j.coll(2, 2, seq, seq as f64 + 0.1, Some(seq as f64 + 0.2));
+    }
+    j.coll(1, 0, 10, 10.0, None);
+    j.coll(2, 2, 5, 10.0, None);
+    check(&j, IncidentKind::Hang, 13.0, Some(&[1]));
+}
+
+#[test]
+fn hang_with_everyone_inside_names_the_nodes_not_a_rank() {
+    let mut j = steady(4);
+    for r in 0..4 {
+        j.coll(7, r, 10, 10.0, None);
+    }
+    let f = j.findings(IncidentKind::Hang, 13.0);
+    assert_eq!(f.len(), 1);
+    assert!(f[0].ranks.is_empty());
+    assert_eq!(f[0].nodes.len(), 4);
+    assert!(f[0].confidence < 0.5);
+}
+
+#[test]
+fn hang_ignores_a_dead_rank() {
+    let mut j = steady(8);
+    for r in 0..7 {
+        j.coll(7, r, 10, 10.0, None);
+    }
+    j.exit(7, 9.5, Some(1), None, None);
+    check(&j, IncidentKind::Hang, 13.0, None);
+}
+
+#[test]
+fn hang_bound_learns_long_waits() {
+    let mut j = Job::new(4, 1);
+    for seq in 1..=9u64 {
+        let t = seq as f64 * 5.0;
+        for r in 0..4 {
+            // Rank 0 arrives 2 s before the others every time.
+            let start = if r == 0 { t - 2.0 } else { t - 0.1 };
+            j.coll(7, r, seq, start, Some(t));
+        }
+    }
+    for r in 0..3 {
+        j.coll(7, r, 10, 50.0, None);
+    }
+    check(&j, IncidentKind::Hang, 52.5, None);
+    check(&j, IncidentKind::Hang, 53.5, Some(&[3]));
+}
+
+#[test]
+fn crash_culprit_is_the_first_exit_that_blames_nobody() {
+    let mut j = Job::new(4, 2);
+    j.exit(
+        5,
+        10.0,
+        None,
+        Some(11),
+        Some("Fatal Python error: Segmentation fault"),
+    );
+    for r in [0, 1, 2, 3, 4, 6, 7] {
+        j.exit(
+            r,
+            10.1 + f64::from(r) * 0.05,
+            Some(1),
+            None,
+            Some("RuntimeError: Connection closed by peer [10.0.0.5]:29500"),
+        );
+    }
+    assert!(j.need_more_data(IncidentKind::Crash, 10.5));
+    check(&j, IncidentKind::Crash, 11.5, Some(&[5]));
+    let f = &j.findings(IncidentKind::Crash, 11.5)[0];
+    assert!(f.summary.contains("signal 11 (SIGSEGV)"), "{}", f.summary);
+    assert!(f.summary.contains("7 peers"), "{}", f.summary);
+}
+
+#[test]
+fn crash_culprit_by_time_when_nobody_left_last_words() {
+    let mut j = Job::new(4, 1);
+    j.exit(2, 10.00, Some(1), None, None);
+    j.exit(0, 10.20, Some(1), None, None);
+    j.exit(1, 10.30, Some(1), None, None);
+    check(&j, IncidentKind::Crash, 12.0, Some(&[2]));
+}
+
+#[test]
+fn a_clean_exit_is_not_a_crash() {
+    let mut j = Job::new(2, 2);
+    for r in 0..4 {
+        j.exit(r, 10.0, Some(0), None, None);
+    }
+    check(&j, IncidentKind::Crash, 20.0, None);
+}
+
+#[test]
+fn nan_culprit_is_the_rank_whose_loss_went_first() {
+    let mut j = Job::new(4, 2);
+    for r in 0..8 {
+        j.metric(r, 9, 9.0, 2.0, 1.0);
+    }
+    for r in 0..8 {
+        let (loss, grad) = if r == 6 {
+            (f64::NAN, f64::NAN)
+        } else {
+            (2.0, f64::NAN)
+        };
+        j.metric(r, 10, 10.0 + f64::from(r) * 0.001, loss, grad);
+    }
+    assert!(j.need_more_data(IncidentKind::Nan, 10.1));
+    check(&j, IncidentKind::Nan, 10.6, Some(&[6]));
+}
+
+#[test]
+fn nan_with_no_loss_signal_falls_back_to_time() {
+    let mut j = Job::new(4, 1);
+    j.metric(1, 10, 10.0, 2.0, f64::INFINITY);
+    for r in [0, 2, 3] {
+        j.metric(r, 10, 10.3, 2.0, f64::NAN);
+    }
+    check(&j, IncidentKind::Nan, 11.0, Some(&[1]));
+}
+
+fn noisy(i: u32, k: usize) -> f64 {
+    // Deterministic jitter in ±3%.
+    let x = ((i as usize * 7919 + k * 104_729) % 1000) as f64 / 1000.0;
+    1.0 + 0.06 * (x - 0.5)
+}
+
+#[test]
+fn straggler_node_is_found_and_hiccups_are_not() {
+    let mut j = Job::new(16, 4);
+    for r in 0..64u32 {
+        let mut s: Vec<f64> = (0..16).map(|k| noisy(r, k)).collect();
+        if r % 9 == 0 {
+            s[(r as usize) % 16] += 0.6; // a one-off hiccup, different iteration per rank
+        }
+        j.compute(r, &s);
+    }
+    check(&j, IncidentKind::Straggler, 20.0, None);
+    for r in 20..24u32 {
+        j.compute(r, &[1.3, 1.31, 1.29]);
+    }
+    let f = j.findings(IncidentKind::Straggler, 20.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].nodes, vec!["node-05".to_string()]);
+    assert_eq!(f[0].ranks, vec![20, 21, 22, 23]);
+}
+
+#[test]
+fn small_straggler_needs_the_long_window() {
+    let mut j = Job::new(16, 4);
+    for r in 0..64u32 {
+        let slow = (36..40).contains(&r);
+        let s: Vec<f64> = (0..16)
+            .map(|k| noisy(r, k) * if slow && k >= 6 { 1.1 } else { 1.0 })
+            .collect();
+        j.compute(r, &s);
+    }
+    let f = j.findings(IncidentKind::Straggler, 20.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].nodes, vec!["node-09".to_string()]);
+}
+
+#[test]
+fn slow_link_names_the_node_whose_own_transfers_are_slow() {
+    // Four 8-member communicators across 8 nodes; node 3's members transfer 2x slower.
+    let mut j = Job::new(8, 4);
+    for seq in 1..=8u64 {
+        for c in 0..4u32 {
+            for n in 0..8u32 {
+                let r = n * 4 + c;
+                let xfer = if n == 3 { 0.02 } else { 0.01 }
+                    * (1.0 + 0.01 * f64::from((r + seq as u32) % 3));
+                let t = seq as f64;
+                let ev = CollectiveEvent {
+                    comm: 100 + u64::from(c),
+                    rank: r,
+                    seq,
+                    op: CollOp::AllReduce as i32,
+                    bytes: 1 << 29,
+                    start_ns: ns(t),
+                    end_ns: ns(t + 0.03),
+                    xfer_ns: (xfer * 1e9) as u64,
+                };
+                j.send(
+                    n,
+                    t + 0.03,
+                    JobSignals {
+                        job: "j".into(),
+                        collectives: vec![ev],
+                        ..Default::default()
+                    },
+                    vec![],
+                );
+            }
+        }
+    }
+    let f = j.findings(IncidentKind::SlowLink, 10.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].nodes, vec!["node-03".to_string()]);
+    check(&j, IncidentKind::Straggler, 10.0, None);
+}
+
+#[test]
+fn gpu_fault_names_node_gpu_and_rank_once_per_gpu() {
+    let mut j = Job::new(4, 8);
+    let xid = |id: u64, code: u32, sev: EventSeverity| NodeEvent {
+        id,
+        at_ns: ns(5.0),
+        kind: NodeEventKind::Xid as i32,
+        severity: sev as i32,
+        gpu_index: Some(3),
+        pci_bus_id: "0000:3b:00".into(),
+        code: Some(code),
+        message: format!("NVRM: Xid (PCI:0000:3b:00): {code}, pid=1, name=python"),
+        count: 1,
+    };
+    let js = || JobSignals {
+        job: "j".into(),
+        ..Default::default()
+    };
+    j.send(2, 5.0, js(), vec![xid(1, 79, EventSeverity::Fatal)]);
+    j.send(
+        2,
+        5.5,
+        js(),
+        vec![
+            xid(1, 79, EventSeverity::Fatal),
+            xid(2, 79, EventSeverity::Fatal),
+        ],
+    );
+    let f = j.findings(IncidentKind::GpuFault, 6.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].ranks, vec![19]);
+    assert_eq!(f[0].gpus[0].to_string(), "node-02 gpu 3");
+    assert!(
+        f[0].summary.contains("XID 79 (GPU has fallen off the bus)"),
+        "{}",
+        f[0].summary
+    );
+    assert!(
+        f[0].summary.contains("(2 events)"),
+        "duplicate id 1 counted once: {}",
+        f[0].summary
+    );
+}
