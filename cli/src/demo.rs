@@ -130,6 +130,8 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
             let e = engine.lock();
             let shown: Vec<(Change, IncidentView)> = changes
                 .iter()
+                // Updates (new evidence) are frequent; show what a person acts on.
+                .filter(|c| c.change != Change::Updated)
                 .filter_map(|c| {
                     e.incident(&c.id)
                         .map(|inc| (c.change, IncidentView::new(inc, e.origin())))
@@ -239,6 +241,7 @@ struct Status {
     tty: bool,
     shown: bool,
     last_decile: Option<u64>,
+    last_line: String,
 }
 
 impl Status {
@@ -247,6 +250,7 @@ impl Status {
             tty,
             shown: false,
             last_decile: None,
+            last_line: String::new(),
         }
     }
 
@@ -276,7 +280,8 @@ impl Status {
         }
         let decile = (p.step * 10).checked_div(p.steps).unwrap_or(10);
         if self.last_decile.is_none_or(|d| decile > d) {
-            eprintln!("{}", Self::line(p, open));
+            self.last_line = Self::line(p, open);
+            eprintln!("{}", self.last_line);
             self.last_decile = Some(decile);
         }
     }
@@ -285,7 +290,10 @@ impl Status {
         if self.tty {
             eprintln!("\r\x1b[2K{}", Self::line(p, open));
         } else {
-            eprintln!("{}", Self::line(p, open));
+            let line = Self::line(p, open);
+            if line != self.last_line {
+                eprintln!("{line}");
+            }
         }
         self.shown = false;
     }

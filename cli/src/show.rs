@@ -29,6 +29,22 @@ pub fn ranges(v: &[u32]) -> String {
     out.join(", ")
 }
 
+/// Longest list of names shown in one line before the rest is counted.
+const MAX_LISTED: usize = 6;
+
+/// `a, b, c` or, for long lists, `a, b, c, ... and 7 more`.
+fn capped(items: &[String]) -> String {
+    if items.len() <= MAX_LISTED {
+        return items.join(", ");
+    }
+    let shown = MAX_LISTED - 1;
+    format!(
+        "{} and {} more",
+        items[..shown].join(", "),
+        items.len() - shown
+    )
+}
+
 /// Everything an incident blames, in one line: ranks, nodes and GPUs.
 pub fn culprit(inc: &IncidentView) -> String {
     let mut parts = vec![];
@@ -46,11 +62,12 @@ pub fn culprit(inc: &IncidentView) -> String {
         } else {
             "nodes"
         };
-        parts.push(format!("{word} {}", inc.nodes.join(", ")));
+        parts.push(format!("{word} {}", capped(&inc.nodes)));
     }
     if !inc.gpus.is_empty() {
         let gpus: Vec<_> = inc.gpus.iter().map(ToString::to_string).collect();
-        parts.push(format!("GPU {}", gpus.join(", ")));
+        let word = if gpus.len() == 1 { "GPU" } else { "GPUs" };
+        parts.push(format!("{word} {}", capped(&gpus)));
     }
     if parts.is_empty() {
         "(not localised)".to_owned()
@@ -71,23 +88,36 @@ pub fn verb(change: Change) -> &'static str {
 
 /// A multi-line description of an incident change, ending in a newline.
 pub fn incident(change: Change, inc: &IncidentView) -> String {
+    let at = match change {
+        Change::Opened => inc.detected_s,
+        Change::Resolved => inc.resolved_s.unwrap_or(inc.detected_s),
+        Change::Updated | Change::Reclassified => {
+            inc.timeline.last().map_or(inc.detected_s, |t| t.at_s)
+        }
+    };
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "[{:>7.1}s] {} {} {} — {}",
-        inc.detected_s.max(inc.resolved_s.unwrap_or(0.0)),
+        "[{at:>7.1}s] {} {} {} — {}",
         verb(change),
         inc.kind,
         inc.id,
         culprit(inc)
     );
+    let timing = if inc.onset_s >= 0.0 && inc.onset_s <= inc.detected_s {
+        format!(
+            "onset {:.1}s, detected {:.1}s ({:.1}s later)",
+            inc.onset_s,
+            inc.detected_s,
+            inc.detected_s - inc.onset_s
+        )
+    } else {
+        format!("detected {:.1}s", inc.detected_s)
+    };
     let _ = writeln!(
         s,
-        "           confidence {:.0}%, onset {:.1}s, detected {:.1}s ({:.1}s later)",
-        inc.confidence * 100.0,
-        inc.onset_s,
-        inc.detected_s,
-        (inc.detected_s - inc.onset_s).max(0.0)
+        "           confidence {:.0}%, {timing}",
+        inc.confidence * 100.0
     );
     let _ = writeln!(s, "           {}", inc.summary);
     for e in inc.evidence.iter().take(3) {
@@ -105,16 +135,15 @@ pub fn table(incidents: &[IncidentView]) -> String {
     }
     let _ = writeln!(
         s,
-        "  {:<12} {:<10} {:<9} {:>10} {:>6}  culprit",
+        "  {:<10} {:<24} {:<9} {:>10} {:>6}  culprit",
         "kind", "id", "state", "detected_s", "conf"
     );
     for i in incidents {
-        let id: String = i.id.chars().take(10).collect();
         let _ = writeln!(
             s,
-            "  {:<12} {:<10} {:<9} {:>10.1} {:>5.0}%  {}",
+            "  {:<10} {:<24} {:<9} {:>10.1} {:>5.0}%  {}",
             i.kind.as_str(),
-            id,
+            i.id,
             i.state.as_str(),
             i.detected_s,
             i.confidence * 100.0,
@@ -155,5 +184,14 @@ mod tests {
         assert_eq!(ranges(&[5]), "5");
         assert_eq!(ranges(&[]), "");
         assert_eq!(ranges(&[2, 2, 3]), "2-3");
+    }
+
+    #[test]
+    fn long_name_lists_are_counted_not_listed() {
+        let names: Vec<String> = (0..9).map(|i| format!("node-{i:02}")).collect();
+        let s = capped(&names);
+        assert!(s.starts_with("node-00, node-01"), "{s}");
+        assert!(s.ends_with("node-04 and 4 more"), "{s}");
+        assert_eq!(capped(&names[..2]), "node-00, node-01");
     }
 }
