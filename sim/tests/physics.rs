@@ -1,0 +1,439 @@
+//! Physics and agent invariants on small runs, checked on the decoded batches exactly as
+//! the controller would receive them.
+
+use std::collections::{BTreeMap, HashMap};
+
+use warden_controller::IncidentChange;
+use warden_model::Timestamp;
+use warden_model::wire::{Batch, CollectiveEvent, EventSeverity};
+use warden_sim::{RunOptions, SIM_EPOCH, Scenario, Simulation, Sink};
+
+/// A sink that keeps every batch it receives.
+#[derive(Default)]
+struct Recorder {
+    batches: Vec<(Timestamp, Batch)>,
+    raw: Vec<u8>,
+}
+
+impl Sink for Recorder {
+    fn deliver(&mut self, body: &[u8], now: Timestamp) {
+        self.raw.extend_from_slice(body);
+        let batch = Batch::decode_binary(body).expect("the simulator emits valid batches");
+        self.batches.push((now, batch));
+    }
+
+    fn tick(&mut self, _now: Timestamp) -> Vec<IncidentChange> {
+        vec![]
+    }
+}
+
+fn record(yaml: &str) -> (Simulation, Recorder) {
+    let scenario = Scenario::from_yaml(yaml, "test").expect("valid scenario");
+    let mut sim = Simulation::new(&scenario, RunOptions::default());
+    let mut rec = Recorder::default();
+    sim.run_to_end(&mut rec);
+    assert!(sim.done());
+    (sim, rec)
+}
+
+fn secs(ns: i64) -> f64 {
+    Timestamp(ns).secs_since(SIM_EPOCH)
+}
+
+fn collectives(rec: &Recorder) -> impl Iterator<Item = (&Batch, &CollectiveEvent)> {
+    rec.batches.iter().flat_map(|(_, b)| {
+        b.jobs
+            .iter()
+            .flat_map(move |j| j.collectives.iter().map(move |c| (b, c)))
+    })
+}
+
+const SMALL: &str = "
+seed: 11
+job: {name: small, nodes: 4, gpus_per_node: 4, parallelism: {tp: 2, pp: 2, dp: 4}, iteration_secs: 0.5}
+noise: {clock_skew_ms: 0, hiccup_prob: 0.05, checkpoint_every_steps: 20, checkpoint_secs: 5}
+steps: 60
+";
+
+#[test]
+fn no_record_is_newer_than_its_batch() {
+    let skewed = SMALL.replace("clock_skew_ms: 0", "clock_skew_ms: 150");
+    let (_, rec) = record(&skewed);
+    assert!(rec.batches.len() > 100);
+    for (received, b) in &rec.batches {
+        // Agent clock vs controller clock: within the skew plus the delivery delay.
+        let lag = received.secs_since(Timestamp(b.sent_at_ns));
+        assert!((-0.16..=0.16).contains(&lag), "lag {lag}");
+        let t = b.sent_at_ns;
+        for j in &b.jobs {
+            for c in &j.collectives {
+                assert!(c.start_ns <= t && c.end_ns <= t, "{c:?} after batch at {t}");
+            }
+            for m in &j.metrics {
+                assert!(m.at_ns <= t);
+            }
+            for p in &j.processes {
+                assert!(p.at_ns <= t);
+            }
+            for l in &j.logs {
+                assert!(l.at_ns <= t);
+            }
+        }
+        for e in &b.events {
+            assert!(e.at_ns <= t);
+        }
+    }
+}
+
+#[test]
+fn members_of_a_collective_complete_together_and_all_report_it() {
+    let (sim, rec) = record(SMALL);
+    let mut by_key: HashMap<(u64, u64), Vec<&CollectiveEvent>> = HashMap::new();
+    let mut sizes: HashMap<u64, u32> = HashMap::new();
+    for (_, b) in &rec.batches {
+        for j in &b.jobs {
+            for c in &j.comms {
+                sizes.insert(c.comm, c.size);
+            }
+        }
+    }
+    for (_, c) in collectives(&rec) {
+        if !c.in_flight() {
+            by_key.entry((c.comm, c.seq)).or_default().push(c);
+        }
+    }
+    assert_eq!(sizes.len(), 8 + 8 + 4, "tp, pp and dp comms are registered");
+    assert!(by_key.len() > 1000);
+    for ((comm, seq), evs) in &by_key {
+        assert_eq!(
+            evs.len() as u32,
+            sizes[comm],
+            "comm {comm:x} seq {seq}: every member reports it once"
+        );
+        let end = evs[0].end_ns;
+        assert!(
+            evs.iter().all(|c| c.end_ns == end),
+            "comm {comm:x} seq {seq} ends differ"
+        );
+        let last_arrival = evs.iter().map(|c| c.start_ns).max().unwrap_or(0);
+        let max_xfer = evs.iter().map(|c| c.xfer_ns as i64).max().unwrap_or(0);
+        assert!(
+            (end - last_arrival - max_xfer).abs() <= 2,
+            "end = last arrival + slowest transfer"
+        );
+    }
+    assert_eq!(sim.progress().step, 60);
+    // Normal end: every rank exits 0.
+    let exits: Vec<_> = rec
+        .batches
+        .iter()
+        .flat_map(|(_, b)| b.jobs.iter().flat_map(|j| j.processes.iter()))
+        .filter(|p| !p.alive)
+        .collect();
+    let mut ranks: Vec<u32> = exits.iter().map(|p| p.rank).collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    assert_eq!(ranks.len(), 16);
+    assert!(exits.iter().all(|p| p.exit_code == Some(0)));
+}
+
+#[test]
+fn a_hang_leaves_peers_in_flight_and_the_culprit_idle() {
+    let (sim, rec) = record(&format!(
+        "{SMALL}faults: [{{step: 30, kind: hang, rank: 5}}]\n"
+    ));
+    let fault = &sim.faults()[0];
+    assert_eq!(fault.rank, Some(5));
+    assert!(fault.last_progress_s.is_some_and(|p| p >= fault.onset_s));
+    // The last batch of every node shows who is stuck where.
+    let mut last: BTreeMap<&str, &Batch> = BTreeMap::new();
+    for (_, b) in &rec.batches {
+        last.insert(b.node.as_str(), b);
+    }
+    let in_flight: Vec<&CollectiveEvent> = last
+        .values()
+        .flat_map(|b| b.jobs.iter().flat_map(|j| j.collectives.iter()))
+        .filter(|c| c.in_flight())
+        .collect();
+    assert!(!in_flight.is_empty());
+    assert!(
+        in_flight.iter().all(|c| c.rank != 5),
+        "the culprit never entered a collective after the hang"
+    );
+    // Rank 5's TP peer (rank 4) waits in the first TP allreduce of step 30: seq 61.
+    assert!(
+        in_flight.iter().any(|c| c.rank == 4 && c.seq == 61),
+        "{in_flight:?}"
+    );
+    // The culprit's last completed collective came before that.
+    let culprit_last_seq = collectives(&rec)
+        .filter(|(_, c)| c.rank == 5 && !c.in_flight())
+        .map(|(_, c)| (c.comm, c.seq))
+        .filter(|(comm, _)| in_flight.iter().any(|p| p.comm == *comm))
+        .map(|(_, s)| s)
+        .max()
+        .unwrap_or(0);
+    assert_eq!(culprit_last_seq, 60);
+    // Nobody exits and the run ends a tail after the hang.
+    assert!(
+        rec.batches
+            .iter()
+            .flat_map(|(_, b)| b.jobs.iter().flat_map(|j| j.processes.iter()))
+            .all(|p| p.alive)
+    );
+    assert!(sim.progress().sim_seconds >= fault.onset_s + 30.0);
+    assert!(sim.progress().step <= 30);
+}
+
+#[test]
+fn a_crash_is_exited_first_by_its_culprit() {
+    let (sim, rec) = record(&format!(
+        "{SMALL}faults: [{{step: 25, kind: crash, rank: 9}}]\n"
+    ));
+    let onset = sim.faults()[0].onset_s;
+    let mut first_exit: HashMap<u32, (i64, Option<i32>, Option<i32>)> = HashMap::new();
+    for (_, b) in &rec.batches {
+        for j in &b.jobs {
+            for p in j.processes.iter().filter(|p| !p.alive) {
+                first_exit
+                    .entry(p.rank)
+                    .or_insert((p.at_ns, p.exit_code, p.signal));
+            }
+        }
+    }
+    assert_eq!(first_exit.len(), 16, "every rank dies");
+    let (culprit_at, code, signal) = first_exit[&9];
+    assert!(code == Some(1) || signal == Some(11));
+    assert!((secs(culprit_at) - onset).abs() < 0.001);
+    for (r, (at, code, _)) in &first_exit {
+        if *r != 9 {
+            let after = secs(*at) - onset;
+            assert!(
+                (0.05..=0.6).contains(&after),
+                "rank {r} died {after} s after the culprit"
+            );
+            assert_eq!(*code, Some(1));
+        }
+    }
+    // Dead ranks report nothing newer than their death.
+    for (_, c) in collectives(&rec) {
+        let died = first_exit[&c.rank].0;
+        assert!(c.start_ns <= died && (c.in_flight() || c.end_ns <= died));
+    }
+    // The crash traceback and the peers' connection errors are logged.
+    let logs: Vec<&str> = rec
+        .batches
+        .iter()
+        .flat_map(|(_, b)| b.jobs.iter().flat_map(|j| j.logs.iter()))
+        .map(|l| l.line.as_str())
+        .collect();
+    assert!(logs.iter().any(|l| l.starts_with("[rank9]:")));
+    assert!(logs.iter().any(|l| l.contains("Connection closed by peer")));
+}
+
+#[test]
+fn the_nan_culprit_is_the_only_nan_loss_at_the_fault_step() {
+    let (sim, rec) = record(&format!(
+        "{SMALL}faults: [{{step: 40, kind: nan, rank: 13}}]\n"
+    ));
+    let metrics: Vec<_> = rec
+        .batches
+        .iter()
+        .flat_map(|(_, b)| b.jobs.iter().flat_map(|j| j.metrics.iter()))
+        .collect();
+    let nan = |x: Option<f64>| x.is_some_and(f64::is_nan);
+    let at40: Vec<_> = metrics.iter().filter(|m| m.step == 40).collect();
+    let nan_loss: Vec<u32> = at40
+        .iter()
+        .filter(|m| nan(m.loss))
+        .map(|m| m.rank)
+        .collect();
+    assert!(nan_loss.iter().all(|&r| r == 13) && !nan_loss.is_empty());
+    assert!(at40.iter().all(|m| nan(m.grad_norm)));
+    assert!(
+        metrics
+            .iter()
+            .filter(|m| m.step < 40)
+            .all(|m| !nan(m.loss) && !nan(m.grad_norm))
+    );
+    assert!(
+        metrics
+            .iter()
+            .filter(|m| m.step > 40)
+            .all(|m| nan(m.loss) && nan(m.grad_norm))
+    );
+    assert_eq!(sim.progress().step, 60, "NaN does not stop the job");
+    let onset = sim.faults()[0].onset_s;
+    let culprit = at40
+        .iter()
+        .find(|m| m.rank == 13)
+        .map(|m| secs(m.at_ns))
+        .unwrap_or(0.0);
+    assert!((culprit - onset).abs() < 0.001);
+}
+
+#[test]
+fn a_slow_link_raises_only_the_slow_nodes_transfer_times() {
+    let (_, rec) = record(&format!(
+        "{SMALL}faults: [{{step: 20, kind: slow_link, node: node-02, slowdown: 2.0}}]\n"
+    ));
+    let dp_bytes = 512 << 20;
+    let mut slow = vec![];
+    let mut others = vec![];
+    let mut before = vec![];
+    for (b, c) in collectives(&rec) {
+        if c.in_flight() || c.bytes != dp_bytes {
+            continue;
+        }
+        if c.seq <= 20 {
+            before.push(c.xfer_ns as f64);
+        } else if b.node == "node-02" {
+            slow.push(c.xfer_ns as f64);
+        } else {
+            others.push(c.xfer_ns as f64);
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let ratio = mean(&slow) / mean(&others);
+    assert!((1.8..2.2).contains(&ratio), "slow/other xfer ratio {ratio}");
+    assert!((mean(&others) / mean(&before) - 1.0).abs() < 0.05);
+    // Arrivals stay even: TP collectives inside node-02 (NVLink) are not slower.
+    let tp_slow: Vec<f64> = collectives(&rec)
+        .filter(|(b, c)| !c.in_flight() && c.bytes == 64 << 20 && b.node == "node-02" && c.seq > 60)
+        .map(|(_, c)| c.xfer_ns as f64)
+        .collect();
+    assert!(mean(&tp_slow) < 0.0025e9);
+}
+
+#[test]
+fn a_straggler_arrives_last() {
+    let quiet = SMALL.replace("hiccup_prob: 0.05", "hiccup_prob: 0");
+    let (_, rec) = record(&format!(
+        "{quiet}faults: [{{step: 10, kind: straggler, node: node-01, slowdown: 1.3}}]\n"
+    ));
+    let mut last_by_node: HashMap<String, u32> = HashMap::new();
+    let mut groups: HashMap<(u64, u64), Vec<(&str, i64)>> = HashMap::new();
+    for (b, c) in collectives(&rec) {
+        if !c.in_flight() && c.bytes == 512 << 20 && c.seq > 12 {
+            groups
+                .entry((c.comm, c.seq))
+                .or_default()
+                .push((b.node.as_str(), c.start_ns));
+        }
+    }
+    // Pipeline stage 1 (nodes 02 and 03) waits for node-01 in the PP exchange, so only
+    // the data-parallel groups of stage 0 show who computes slowly.
+    for g in groups.values().filter(|g| g.iter().any(|(n, _)| *n == "node-01")) {
+        if let Some((node, _)) = g.iter().max_by_key(|(_, s)| *s) {
+            *last_by_node.entry((*node).to_owned()).or_default() += 1;
+        }
+    }
+    let total: u32 = last_by_node.values().sum();
+    assert!(
+        last_by_node.get("node-01").copied().unwrap_or(0) as f64 > 0.97 * total as f64,
+        "{last_by_node:?}"
+    );
+}
+
+#[test]
+fn xids_are_reported_as_node_events_with_the_right_severity() {
+    let yaml = format!(
+        "{SMALL}faults: [{{step: 5, kind: xid, node: node-03, gpu: 2, code: 63}}, {{step: 50, kind: xid, node: node-01, gpu: 1, code: 79}}]\n"
+    );
+    let (sim, rec) = record(&yaml);
+    let events: Vec<_> = rec
+        .batches
+        .iter()
+        .flat_map(|(_, b)| b.events.iter().map(move |e| (b.node.as_str(), e)))
+        .collect();
+    let warn: Vec<_> = events.iter().filter(|(_, e)| e.code == Some(63)).collect();
+    let mut ids: Vec<u64> = warn.iter().map(|(_, e)| e.id).collect();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        1,
+        "63 at step 5 only: the job stops at step 50 before it repeats at 55"
+    );
+    assert!(warn.iter().all(|(n, e)| *n == "node-03"
+        && e.gpu_index == Some(2)
+        && e.severity == EventSeverity::Warning as i32));
+    let fatal: Vec<_> = events.iter().filter(|(_, e)| e.code == Some(79)).collect();
+    assert_eq!(
+        fatal.len(),
+        3,
+        "a fatal event is sent and repeated in the next two batches"
+    );
+    let (node, e) = fatal[0];
+    assert_eq!(*node, "node-01");
+    assert_eq!(e.severity, EventSeverity::Fatal as i32);
+    assert!(
+        e.message
+            .starts_with(&format!("NVRM: Xid (PCI:{}): 79, pid=", e.pci_bus_id)),
+        "{}",
+        e.message
+    );
+    let f = &sim.faults()[1];
+    assert_eq!((f.rank, f.gpu), (Some(5), Some(1)));
+    // The GPU's rank stops: nothing it started completes after the XID.
+    let xid_at = e.at_ns;
+    assert!(
+        collectives(&rec)
+            .filter(|(_, c)| c.rank == 5)
+            .all(|(_, c)| c.start_ns <= xid_at)
+    );
+}
+
+#[test]
+fn non_fatal_xids_repeat_every_fifty_steps() {
+    let (_, rec) = record(&format!(
+        "{SMALL}faults: [{{step: 2, kind: xid, node: node-00, gpu: 0, code: 92}}]\n"
+    ));
+    let mut ids: Vec<u64> = rec
+        .batches
+        .iter()
+        .flat_map(|(_, b)| b.events.iter())
+        .filter(|e| e.code == Some(92))
+        .map(|e| e.id)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 2, "steps 2 and 52");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_bytes() {
+    let yaml = format!("{SMALL}faults: [{{step: 30, kind: crash, rank: 3}}]\n").replace(
+        "clock_skew_ms: 0",
+        "clock_skew_ms: 40, batch_drop_prob: 0.05",
+    );
+    let (_, a) = record(&yaml);
+    let (_, b) = record(&yaml);
+    assert_eq!(a.raw, b.raw);
+    let (_, c) = record(&yaml.replace("seed: 11", "seed: 12"));
+    assert_ne!(a.raw, c.raw);
+}
+
+#[test]
+fn lost_batches_are_counted_and_critical_records_repeat() {
+    let yaml = format!("{SMALL}faults: [{{step: 30, kind: crash, rank: 3}}]\n")
+        .replace("clock_skew_ms: 0", "batch_drop_prob: 0.2");
+    let (sim, rec) = record(&yaml);
+    assert!(sim.dropped_batches() > 10);
+    let gaps = rec
+        .batches
+        .iter()
+        .filter(|(_, b)| b.heartbeat.as_ref().is_some_and(|h| h.failed_batches > 0))
+        .count();
+    assert!(gaps > 0);
+    // Even with a fifth of batches lost, every rank's exit arrives.
+    let mut dead: Vec<u32> = rec
+        .batches
+        .iter()
+        .flat_map(|(_, b)| b.jobs.iter().flat_map(|j| j.processes.iter()))
+        .filter(|p| !p.alive)
+        .map(|p| p.rank)
+        .collect();
+    dead.sort_unstable();
+    dead.dedup();
+    assert!(dead.len() >= 15, "{} exits arrived", dead.len());
+}
