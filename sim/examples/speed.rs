@@ -1,6 +1,7 @@
 //! Measures simulation speed: `cargo run --release -p warden-sim --example speed [FILE]`
 //! runs a scenario file (default: a 1,024-rank job with mild noise) against a real
-//! engine and prints virtual seconds per wall second.
+//! engine and prints virtual seconds per wall second; a second argument names a file to
+//! write the JSON report to.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -39,5 +40,18 @@ fn main() -> ExitCode {
         report.collective_events as f64 / report.wall_seconds.max(1e-9),
         report.incidents.len()
     );
+    if let Some(out) = std::env::args().nth(2) {
+        let json = match serde_json::to_vec_pretty(&report) {
+            Ok(j) => j,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Err(e) = std::fs::write(&out, json) {
+            eprintln!("error: {out}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     ExitCode::SUCCESS
 }

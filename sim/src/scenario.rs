@@ -352,12 +352,25 @@ impl Scenario {
             let path = e.path().to_string();
             let inner = e.into_inner();
             let loc = inner.location();
-            let path = if path == "." { String::new() } else { path };
+            let path = if path == "." || path == "?" {
+                String::new()
+            } else {
+                path
+            };
+            let mut message = inner.to_string();
+            // serde_yaml_ng prefixes some messages with (part of) the path: keep one.
+            if let Some((head, rest)) = message.split_once(": ") {
+                if !head.is_empty() && !head.contains(' ') && path.starts_with(head) {
+                    message = rest.to_owned();
+                }
+            }
+            if let Some(l) = &loc {
+                if !message.contains(" at line ") {
+                    message = format!("{message} at line {} column {}", l.line(), l.column());
+                }
+            }
             ScenarioError::Parse {
-                problem: Problem {
-                    path,
-                    message: inner.to_string(),
-                },
+                problem: Problem { path, message },
                 line: loc.as_ref().map(|l| l.line()),
                 column: loc.as_ref().map(|l| l.column()),
             }

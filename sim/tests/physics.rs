@@ -323,7 +323,10 @@ fn a_straggler_arrives_last() {
     }
     // Pipeline stage 1 (nodes 02 and 03) waits for node-01 in the PP exchange, so only
     // the data-parallel groups of stage 0 show who computes slowly.
-    for g in groups.values().filter(|g| g.iter().any(|(n, _)| *n == "node-01")) {
+    for g in groups
+        .values()
+        .filter(|g| g.iter().any(|(n, _)| *n == "node-01"))
+    {
         if let Some((node, _)) = g.iter().max_by_key(|(_, s)| *s) {
             *last_by_node.entry((*node).to_owned()).or_default() += 1;
         }
