@@ -465,15 +465,31 @@ impl JobState {
         self.ranks.iter().filter(|r| r.known).count()
     }
 
-    /// Median iteration length over ranks' latest samples, seconds.
+    /// Typical iteration length, seconds: per rank the median of its last few
+    /// iterations (so a checkpoint pause does not count), then the median over ranks.
     pub fn iteration_secs(&self) -> Option<f64> {
         let mut v: Vec<f64> = self
             .ranks
             .iter()
-            .filter_map(|r| r.compute.recent(1).next())
-            .map(|s| f64::from(s.period))
+            .filter_map(|r| {
+                let mut p: Vec<f64> = r.compute.recent(5).map(|s| f64::from(s.period)).collect();
+                median(&mut p)
+            })
             .collect();
         median(&mut v)
+    }
+
+    /// Distinct node indices of the job's ranks.
+    pub fn node_indices(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .ranks
+            .iter()
+            .map(|r| r.node)
+            .filter(|&n| n != NO_NODE)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 }
 
@@ -489,6 +505,9 @@ pub struct Cluster {
     node_index: FxHashMap<String, u32>,
     /// Hardware trouble per (node index, GPU index).
     pub gpu_trouble: FxHashMap<(u32, Option<u32>), GpuTrouble>,
+    /// Per node index: the moment (controller clock) its agent last cut a batch. What
+    /// we know about a node's ranks is true as of then, not as of now.
+    pub node_cut: Vec<Timestamp>,
 }
 
 /// Log lines that mean "a peer went away", which make an exit a symptom, not a cause.
@@ -524,6 +543,14 @@ impl Cluster {
         self.nodes.push(name.to_owned());
         self.node_index.insert(name.to_owned(), i);
         i
+    }
+
+    /// When node index `i`'s agent last cut a batch ([`Timestamp::ZERO`] if never).
+    pub fn cut_of(&self, i: u32) -> Timestamp {
+        self.node_cut
+            .get(i as usize)
+            .copied()
+            .unwrap_or(Timestamp::ZERO)
     }
 
     /// Name of node index `i`.
@@ -567,6 +594,12 @@ impl Cluster {
         }
         stats.ingest_lag_s = now.secs_since(agent.correct(batch.sent_at_ns));
         let offset = agent.offset_ns;
+        let cut = agent.correct(batch.sent_at_ns).min(now);
+        if self.node_cut.len() <= node as usize {
+            self.node_cut.resize(node as usize + 1, Timestamp::ZERO);
+        }
+        let slot = &mut self.node_cut[node as usize];
+        *slot = (*slot).max(cut);
         let mut applied = 0;
 
         for ev in &batch.events {

@@ -11,7 +11,8 @@ use super::{Verdict, Window};
 /// Crash detection settings.
 #[derive(Debug, Clone)]
 pub struct CrashConfig {
-    /// Wait this long after the first abnormal exit arrives before naming a culprit, s.
+    /// Name a culprit once every node reported past the first exit, or at the latest
+    /// this long after the first abnormal exit arrived, seconds.
     pub grace_secs: f64,
     /// Exits closer than this are simultaneous (clock uncertainty), seconds.
     pub tie_secs: f64,
@@ -43,7 +44,8 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let Some(first_received) = exits.iter().map(|(_, e)| e.received_at).min() else {
         return vec![];
     };
-    if now.secs_since(first_received) < cfg.grace_secs {
+    let first_seen = exits.iter().map(|(_, e)| e.at).min().unwrap_or(now);
+    if now.secs_since(first_received) < cfg.grace_secs && !w.all_reported_since(first_seen) {
         return vec![Verdict::NeedMoreData];
     }
     let causes: Vec<&(u32, &crate::state::ExitRecord)> =

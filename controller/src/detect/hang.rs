@@ -90,7 +90,24 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
                 missing.push(m.rank);
             }
         }
-        if waiting == 0 || waits_on_dead || now.secs_since(oldest) < bound_secs(cfg, c) {
+        if waiting == 0 || waits_on_dead {
+            continue;
+        }
+        // A wait is only confirmed up to the moment the laggards' agents last reported:
+        // a member that arrived after its agent's last batch looks missing until the
+        // next one.
+        let laggards: &mut dyn Iterator<Item = u32> = if missing.is_empty() {
+            &mut c.members.iter().map(|m| m.rank)
+        } else {
+            &mut missing.iter().copied()
+        };
+        let known_until = laggards
+            .filter_map(|r| job.ranks.get(r as usize))
+            .map(|r| w.cluster.cut_of(r.node))
+            .min()
+            .unwrap_or(now)
+            .min(now);
+        if known_until.secs_since(oldest) < bound_secs(cfg, c) {
             continue;
         }
         stalls.push(Stall {

@@ -61,6 +61,15 @@ impl Window<'_> {
         (nodes, gpus)
     }
 
+    /// Whether every node of the job has reported as of `t` or later, so no record
+    /// describing an earlier moment can still be on its way.
+    pub fn all_reported_since(&self, t: Timestamp) -> bool {
+        self.job
+            .node_indices()
+            .into_iter()
+            .all(|n| self.cluster.cut_of(n) >= t)
+    }
+
     /// "rank 77 (node-09 gpu 5)".
     pub fn describe_rank(&self, rank: u32) -> String {
         match (

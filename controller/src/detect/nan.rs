@@ -11,8 +11,9 @@ use super::{Verdict, Window};
 /// NaN detection settings.
 #[derive(Debug, Clone)]
 pub struct NanConfig {
-    /// Wait this long after the first non-finite metric arrives, so the other ranks'
-    /// reports of the same step can arrive too, seconds.
+    /// Name a culprit once every rank reported the step of the first non-finite metric
+    /// and every node reported past it, or at the latest this long (or 1.5 iterations)
+    /// after it arrived, seconds.
     pub grace_secs: f64,
     /// Reports of the same step and stage closer than this are simultaneous, seconds.
     pub tie_secs: f64,
@@ -39,12 +40,24 @@ pub fn check(cfg: &NanConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let Some(first_received) = reports.iter().map(|(_, n)| n.received_at).min() else {
         return vec![];
     };
-    if now.secs_since(first_received) < cfg.grace_secs {
-        return vec![Verdict::NeedMoreData];
-    }
     let Some(key) = reports.iter().map(|(_, n)| (n.step, n.stage)).min() else {
         return vec![];
     };
+    // Decide once every reporting rank has reported that step (a rank that finishes the
+    // step later may be the one whose loss went first), or after the grace period.
+    let complete = job
+        .ranks
+        .iter()
+        .filter(|r| r.alive())
+        .all(|r| r.step.is_none_or(|s| s >= key.0));
+    let first_seen = reports.iter().map(|(_, n)| n.at).min().unwrap_or(now);
+    let patience = cfg
+        .grace_secs
+        .max(1.5 * job.iteration_secs().unwrap_or(0.0));
+    if now.secs_since(first_received) < patience && !(complete && w.all_reported_since(first_seen))
+    {
+        return vec![Verdict::NeedMoreData];
+    }
     let first: Vec<&(u32, crate::state::NonFinite)> = reports
         .iter()
         .filter(|(_, n)| (n.step, n.stage) == key)
