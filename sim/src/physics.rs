@@ -58,6 +58,8 @@ pub struct Physics {
     pub end_time: Option<f64>,
     /// Extra time after the last exit before the run ends.
     drain_secs: f64,
+    /// Earliest start of the next step (cached).
+    next_start: Option<f64>,
     // Per-step scratch, by rank.
     compute_a: Vec<f64>,
     compute_b: Vec<f64>,
@@ -75,7 +77,7 @@ impl Physics {
         let start = (0..world)
             .map(|_| LAUNCH_SECS + draw.uniform(0.0, 0.05))
             .collect();
-        Physics {
+        let mut physics = Physics {
             fault_nodes: scenario
                 .faults
                 .iter()
@@ -102,7 +104,10 @@ impl Physics {
             arrive: vec![0.0; world],
             end: vec![0.0; world],
             xfer: vec![0.0; world],
-        }
+            next_start: None,
+        };
+        physics.refresh_next_start();
+        physics
     }
 
     /// Process-start records of every rank, at time 0.
@@ -126,8 +131,13 @@ impl Physics {
 
     /// Earliest start of the next step, if it will ever start before the run ends.
     pub fn next_start(&self) -> Option<f64> {
+        self.next_start
+    }
+
+    fn refresh_next_start(&mut self) {
+        self.next_start = None;
         if self.next_step >= self.scenario.steps {
-            return None;
+            return;
         }
         let t = self
             .start
@@ -136,10 +146,8 @@ impl Physics {
             .filter(|(s, d)| s.is_finite() && s <= d)
             .map(|(s, _)| *s)
             .fold(INF, f64::min);
-        if !t.is_finite() || self.end_time.is_some_and(|e| t > e) {
-            None
-        } else {
-            Some(t)
+        if t.is_finite() && self.end_time.is_none_or(|e| t <= e) {
+            self.next_start = Some(t);
         }
     }
 
@@ -391,7 +399,8 @@ impl Physics {
         if all_done && step_end > 0.0 {
             self.step_ends.push(step_end);
         }
-        if self.next_start().is_none() && self.end_time.is_none() {
+        self.refresh_next_start();
+        if self.next_start.is_none() && self.end_time.is_none() {
             // Nothing will ever happen again and no fault set an end: stop soon.
             let t = self.last_completion.max(step_end);
             self.end_time = Some(t + self.tail_secs());
