@@ -111,21 +111,36 @@ impl ConfigFile {
     /// Parse a YAML document. Every unknown field and every ill-typed value is reported,
     /// not only the first one.
     pub fn from_yaml(text: &str, origin: &str) -> Result<ConfigFile, ConfigErrors> {
+        let (file, errors) = Self::parse_partial(text, origin);
+        if errors.is_empty() {
+            Ok(file)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
+    /// The fields that parsed, and an error for each one that did not.
+    fn parse_partial(text: &str, origin: &str) -> (ConfigFile, Vec<ConfigError>) {
         let err = |field: String, message: String| ConfigError {
             origin: origin.to_owned(),
             field,
             message,
         };
-        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text)
-            .map_err(|e| ConfigErrors(vec![err(String::new(), e.to_string())]))?;
+        let doc: serde_yaml_ng::Value = match serde_yaml_ng::from_str(text) {
+            Ok(d) => d,
+            Err(e) => {
+                return (
+                    ConfigFile::default(),
+                    vec![err(String::new(), e.to_string())],
+                );
+            }
+        };
         let mapping = match doc {
-            serde_yaml_ng::Value::Null => return Ok(ConfigFile::default()),
+            serde_yaml_ng::Value::Null => return (ConfigFile::default(), vec![]),
             serde_yaml_ng::Value::Mapping(m) => m,
             _ => {
-                return Err(ConfigErrors(vec![err(
-                    String::new(),
-                    "expected a mapping of settings at the top level".into(),
-                )]));
+                let msg = "expected a mapping of settings at the top level".to_owned();
+                return (ConfigFile::default(), vec![err(String::new(), msg)]);
             }
         };
         // Check each entry on its own, so one mistake does not hide the next.
@@ -149,11 +164,7 @@ impl ConfigFile {
                 Err(e) => errors.push(err(name, e.into_inner().to_string())),
             }
         }
-        if errors.is_empty() {
-            Ok(out)
-        } else {
-            Err(ConfigErrors(errors))
-        }
+        (out, errors)
     }
 }
 
@@ -200,10 +211,11 @@ impl ControllerConfig {
             Some(path) => {
                 let origin = path.display().to_string();
                 match std::fs::read_to_string(path) {
-                    Ok(text) => ConfigFile::from_yaml(&text, &origin).unwrap_or_else(|e| {
-                        errors.extend(e.0);
-                        ConfigFile::default()
-                    }),
+                    Ok(text) => {
+                        let (file, file_errors) = ConfigFile::parse_partial(&text, &origin);
+                        errors.extend(file_errors);
+                        file
+                    }
                     Err(e) => {
                         errors.push(ConfigError {
                             origin,
