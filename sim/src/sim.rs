@@ -16,6 +16,9 @@ use crate::rng::Draw;
 use crate::scenario::{FaultKind, Scenario};
 use crate::topology::Topology;
 
+/// Urgent records of one node at most this far apart leave in the same urgent flush.
+pub const URGENT_POLL_SECS: f64 = 0.02;
+
 /// Delay between an agent's flush and the batch's arrival at the controller, seconds.
 pub const DELIVERY_DELAY_SECS: f64 = 0.002;
 
@@ -221,8 +224,21 @@ impl Simulation {
             }
             if t_gen == t {
                 self.physics.step(&mut self.agents, &mut self.urgent);
-                for (at, node) in self.urgent.drain(..) {
-                    self.flushes.push(Reverse((ns(at), node, false)));
+                // An agent polls for urgent records every URGENT_POLL_SECS: urgent records
+                // of one node that close together leave in one flush, at the last of them.
+                let mut due: Vec<(u32, i64)> =
+                    self.urgent.drain(..).map(|(at, n)| (n, ns(at))).collect();
+                due.sort_unstable();
+                let poll = ns(URGENT_POLL_SECS);
+                let mut i = 0;
+                while i < due.len() {
+                    let (node, first) = due[i];
+                    let mut last = first;
+                    while i < due.len() && due[i].0 == node && due[i].1 - first <= poll {
+                        last = due[i].1;
+                        i += 1;
+                    }
+                    self.flushes.push(Reverse((last, node, false)));
                 }
             } else if t_flush == t {
                 if let Some(Reverse((_, node, regular))) = self.flushes.pop() {
