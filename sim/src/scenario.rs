@@ -617,6 +617,14 @@ impl Scenario {
                 ),
             );
         }
+        let stops = matches!(f.kind.as_str(), "hang" | "crash")
+            || (f.kind == "xid" && f.code.is_some_and(is_fatal_xid));
+        if stops && f.until_step.is_some() {
+            c.fail(
+                at("until_step"),
+                format!("a {} stops the job for good and cannot end", f.kind),
+            );
+        }
         if let Some(u) = f.until_step {
             if u <= f.step {
                 c.fail(

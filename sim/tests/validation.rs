@@ -174,6 +174,10 @@ fn numbers_out_of_range_are_named() {
         "faults[0].step: 100 is not before the end of the run",
     );
     check(
+        &with_faults("  - {step: 10, until_step: 20, kind: hang, rank: 1}\n"),
+        "faults[0].until_step: a hang stops the job for good",
+    );
+    check(
         &with_faults("  - {step: 10, until_step: 10, kind: nan, rank: 1}\n"),
         "faults[0].until_step",
     );
