@@ -440,3 +440,48 @@ fn lost_batches_are_counted_and_critical_records_repeat() {
     dead.dedup();
     assert!(dead.len() >= 15, "{} exits arrived", dead.len());
 }
+
+#[test]
+fn during_a_checkpoint_nobody_is_inside_a_collective() {
+    let (_, rec) = record(&SMALL.replace("hiccup_prob: 0.05", "hiccup_prob: 0"));
+    let metrics: Vec<_> = rec
+        .batches
+        .iter()
+        .flat_map(|(_, b)| b.jobs.iter().flat_map(|j| j.metrics.iter()))
+        .collect();
+    // Checkpoints follow steps 19 and 39 (every 20 steps) and last about 5 s.
+    for step in [19, 39] {
+        let done = metrics
+            .iter()
+            .filter(|m| m.step == step)
+            .map(|m| secs(m.at_ns))
+            .fold(0.0, f64::max);
+        let next = metrics
+            .iter()
+            .filter(|m| m.step == step + 1)
+            .map(|m| secs(m.at_ns))
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            next - done > 4.9,
+            "step {} follows the checkpoint after {step}",
+            step + 1
+        );
+        let inside: Vec<_> = rec
+            .batches
+            .iter()
+            .filter(|(_, b)| {
+                let t = secs(b.sent_at_ns);
+                t > done + 0.01 && t < done + 4.5
+            })
+            .collect();
+        assert!(inside.len() >= 8, "every agent flushes during the pause");
+        for (_, b) in inside {
+            assert!(
+                b.jobs
+                    .iter()
+                    .all(|j| j.collectives.iter().all(|c| !c.in_flight())),
+                "in-flight collective during the checkpoint after step {step}"
+            );
+        }
+    }
+}
