@@ -288,6 +288,9 @@ pub struct Member {
     pub last_completed_at: Timestamp,
     /// Completed collectives seen.
     pub completions: u32,
+    /// When (controller clock) its agent last reported it still inside
+    /// `last_started_seq`: a wait is confirmed only as long as agents keep saying so.
+    pub inflight_seen: Timestamp,
     /// Its own transfer time per collective, seconds.
     pub xfer: Ring<f32, XFER_RING>,
 }
@@ -444,14 +447,30 @@ impl JobState {
     }
 
     /// Whether rank `r` is inside a collective that its communicator has not completed
-    /// (it is blocked there), as opposed to computing or idle.
+    /// (it is blocked there), as opposed to computing or idle. A rank does one thing at a
+    /// time: an in-flight record older than the rank's latest completion is stale (its
+    /// completion was lost), not a wait.
     pub fn blocked_in(&self, r: u32) -> Option<(u32, u64)> {
         let rank = self.ranks.get(r as usize)?;
+        let progress = self.last_progress(r);
         rank.comms.iter().find_map(|&(ci, s)| {
             let c = &self.comms[ci as usize];
             let m = &c.members[s as usize];
-            (m.last_started_seq > m.last_completed_seq && m.last_started_seq > c.max_completed_seq)
+            (m.last_started_seq > m.last_completed_seq
+                && m.last_started_seq > c.max_completed_seq
+                && m.last_started_at >= progress)
                 .then_some((ci, m.last_started_seq))
+        })
+    }
+
+    /// When rank `r` last completed any collective ([`Timestamp::ZERO`] if never).
+    pub fn last_progress(&self, r: u32) -> Timestamp {
+        self.ranks.get(r as usize).map_or(Timestamp::ZERO, |rank| {
+            rank.comms
+                .iter()
+                .map(|&(ci, s)| self.comms[ci as usize].members[s as usize].last_completed_at)
+                .max()
+                .unwrap_or(Timestamp::ZERO)
         })
     }
 
@@ -576,7 +595,8 @@ impl Cluster {
             agent.boot_id.clone_from(&batch.boot_id);
             agent.last_seq = 0;
         }
-        if batch.seq > agent.last_seq + 1 && agent.last_seq != 0 {
+        let gap = batch.seq > agent.last_seq + 1 && agent.last_seq != 0;
+        if gap {
             stats.batch_gaps += 1;
         }
         agent.last_seq = agent.last_seq.max(batch.seq);
@@ -601,12 +621,21 @@ impl Cluster {
         let slot = &mut self.node_cut[node as usize];
         *slot = (*slot).max(cut);
         let mut applied = 0;
+        if gap {
+            // Records of the lost batch are missing from whatever iteration is open on
+            // this node's ranks: do not let it become a compute sample.
+            for job in self.jobs.values_mut() {
+                for r in job.ranks.iter_mut().filter(|r| r.node == node) {
+                    r.period_dirty = true;
+                }
+            }
+        }
 
         for ev in &batch.events {
             applied += self.apply_node_event(node, &batch.node, ev, offset, now);
         }
         for js in batch.jobs {
-            applied += self.apply_job(node, js, offset, now, stats);
+            applied += self.apply_job(node, js, offset, cut, now, stats);
         }
         applied
     }
@@ -673,11 +702,13 @@ impl Cluster {
         1
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn apply_job(
         &mut self,
         node: u32,
         js: JobSignals,
         offset: i64,
+        cut: Timestamp,
         now: Timestamp,
         stats: &mut EngineStats,
     ) -> usize {
@@ -695,7 +726,7 @@ impl Cluster {
             n += 1;
         }
         for ev in &js.collectives {
-            if apply_collective(job, ev, offset, now) {
+            if apply_collective(job, ev, offset, cut, now) {
                 stats.collective_events += 1;
             } else {
                 stats.stale_records += 1;
@@ -860,7 +891,13 @@ fn apply_comm_info(job: &mut JobState, info: &CommInfo) {
 }
 
 /// Apply one collective record; false when it was stale or a duplicate.
-fn apply_collective(job: &mut JobState, ev: &CollectiveEvent, offset: i64, now: Timestamp) -> bool {
+fn apply_collective(
+    job: &mut JobState,
+    ev: &CollectiveEvent,
+    offset: i64,
+    cut: Timestamp,
+    now: Timestamp,
+) -> bool {
     let ci = job.comm_idx(ev.comm);
     let slot = job.slot(ci, ev.rank);
     let start = Timestamp(ev.start_ns.saturating_sub(offset));
@@ -876,6 +913,9 @@ fn apply_collective(job: &mut JobState, ev: &CollectiveEvent, offset: i64, now: 
         fresh = true;
     }
     if ev.in_flight() {
+        if ev.seq == m.last_started_seq {
+            m.inflight_seen = m.inflight_seen.max(cut);
+        }
         if ev.seq > m.last_completed_seq && ev.seq > max_completed {
             comm.inflight_since = comm.inflight_since.min(start);
         }

@@ -16,8 +16,13 @@ use crate::state::CommState;
 pub struct HangConfig {
     /// Never call a wait shorter than this a hang, seconds.
     pub min_wait_secs: f64,
-    /// Bound = this × the longest wait seen in the communicator's recent collectives.
+    /// Bound = this × the longest recent wait in communicators of the same class (same
+    /// operation, size and payload), pooled over the job.
     pub wait_factor: f64,
+    /// Bound while the job is young (fewer than `warmup_collectives` waits seen), s.
+    pub warmup_secs: f64,
+    /// Collectives a job must have completed before its learned bound is trusted.
+    pub warmup_collectives: usize,
     /// Upper limit of the learned bound, seconds.
     pub max_bound_secs: f64,
     /// Ignore a job once this fraction of its ranks has exited (it ended or crashed).
@@ -28,17 +33,44 @@ impl Default for HangConfig {
     fn default() -> Self {
         HangConfig {
             min_wait_secs: 1.0,
-            wait_factor: 1.5,
+            wait_factor: 2.0,
+            warmup_secs: 10.0,
+            warmup_collectives: 16,
             max_bound_secs: 120.0,
             exited_fraction: 0.25,
         }
     }
 }
 
-/// The adaptive bound of one communicator, seconds.
-pub fn bound_secs(cfg: &HangConfig, c: &CommState) -> f64 {
-    let longest = c.waits.recent(c.waits.len()).fold(0.0f32, f32::max);
-    (f64::from(longest) * cfg.wait_factor).clamp(cfg.min_wait_secs, cfg.max_bound_secs)
+/// Collectives of the same operation, size and payload (all TP allreduces of a job, all
+/// its DP allreduces, ...) wait alike, so their waits are pooled.
+type Class = (i32, usize, u64);
+
+fn class_of(c: &CommState) -> Class {
+    (c.op, c.members.len(), c.bytes)
+}
+
+/// Longest recent wait and number of collectives seen, per class of communicator.
+fn learned_waits(job: &crate::state::JobState) -> rustc_hash::FxHashMap<Class, (f32, usize)> {
+    let mut m: rustc_hash::FxHashMap<Class, (f32, usize)> = Default::default();
+    for c in &job.comms {
+        let e = m.entry(class_of(c)).or_default();
+        e.0 = c.waits.recent(c.waits.len()).fold(e.0, f32::max);
+        e.1 += c.waits.len();
+    }
+    m
+}
+
+/// How long a member of a communicator of this class may legitimately wait inside a
+/// collective, seconds.
+pub fn bound_secs(cfg: &HangConfig, learned: (f32, usize)) -> f64 {
+    let (longest, seen) = learned;
+    let floor = if seen < cfg.warmup_collectives {
+        cfg.warmup_secs
+    } else {
+        cfg.min_wait_secs
+    };
+    (f64::from(longest) * cfg.wait_factor).clamp(floor, cfg.max_bound_secs.max(floor))
 }
 
 struct Stall<'a> {
@@ -47,7 +79,11 @@ struct Stall<'a> {
     waiting: usize,
     oldest: Timestamp,
     missing: Vec<u32>,
+    bound: f64,
 }
+
+/// Tolerance for comparing times from different agents' (corrected) clocks, seconds.
+const CLOCK_SLACK_SECS: f64 = 0.05;
 
 /// Check one job.
 pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
@@ -56,6 +92,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     if job.exited() as f64 / known as f64 >= cfg.exited_fraction {
         return vec![];
     }
+    let learned = learned_waits(job);
     let mut stalls: Vec<Stall<'_>> = Vec::new();
     for c in &job.comms {
         if c.inflight_since == Timestamp::MAX
@@ -75,6 +112,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         let alive = |r: u32| job.ranks.get(r as usize).is_some_and(|x| x.alive());
         let mut waiting = 0;
         let mut oldest = Timestamp::MAX;
+        let mut still_reported = Timestamp::ZERO;
         let mut missing = Vec::new();
         let mut waits_on_dead = false;
         for m in &c.members {
@@ -84,8 +122,12 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
                 continue;
             }
             if m.last_started_seq == seq && m.last_completed_seq < seq {
-                waiting += 1;
-                oldest = oldest.min(m.last_started_at);
+                // Still inside only if it completed nothing since it entered.
+                if job.last_progress(m.rank) <= m.last_started_at {
+                    waiting += 1;
+                    oldest = oldest.min(m.last_started_at);
+                    still_reported = still_reported.max(m.inflight_seen);
+                }
             } else if m.last_started_seq < seq {
                 missing.push(m.rank);
             }
@@ -93,9 +135,19 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         if waiting == 0 || waits_on_dead {
             continue;
         }
-        // A wait is only confirmed up to the moment the laggards' agents last reported:
-        // a member that arrived after its agent's last batch looks missing until the
-        // next one.
+        // A member that made progress after the wait began is not what anyone waits
+        // for: our view of it lost a record (a dropped batch). Nothing is confirmed.
+        if missing
+            .iter()
+            .any(|&r| job.last_progress(r) > oldest.plus_secs(CLOCK_SLACK_SECS))
+        {
+            continue;
+        }
+        let bound = bound_secs(cfg, learned.get(&class_of(c)).copied().unwrap_or_default());
+        // A wait is only confirmed up to the moment the laggards' agents last reported
+        // (a member that arrived after its agent's last batch looks missing until the
+        // next one) and the waiters' agents last said they were still inside (when a
+        // batch is lost, a completed collective can look in flight forever).
         let laggards: &mut dyn Iterator<Item = u32> = if missing.is_empty() {
             &mut c.members.iter().map(|m| m.rank)
         } else {
@@ -106,8 +158,9 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             .map(|r| w.cluster.cut_of(r.node))
             .min()
             .unwrap_or(now)
-            .min(now);
-        if known_until.secs_since(oldest) < bound_secs(cfg, c) {
+            .min(now)
+            .min(still_reported);
+        if known_until.secs_since(oldest) < bound {
             continue;
         }
         stalls.push(Stall {
@@ -116,6 +169,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             waiting,
             oldest,
             missing,
+            bound,
         });
     }
     if stalls.is_empty() {
@@ -184,6 +238,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
                 .max()
         })
         .min()
+        .filter(|t| *t > Timestamp::ZERO)
         .unwrap_or(direct.oldest);
     let who = if culprits.len() == 1 {
         format!("rank {}", culprits[0])
@@ -225,13 +280,13 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         evidence.push(Evidence {
             at: s.oldest,
             text: format!(
-                "{} of {} members of {} wait in seq {} for {:.1} s (bound {:.1} s learned from its recent waits)",
+                "{} of {} members of {} wait in seq {} for {:.1} s (bound {:.1} s learned from recent waits of its kind)",
                 s.waiting,
                 s.comm.members.len(),
                 s.comm.label(),
                 s.seq,
                 now.secs_since(s.oldest),
-                bound_secs(cfg, s.comm)
+                s.bound
             ),
         });
     }

@@ -103,7 +103,7 @@ pub fn check(cfg: &SlowLinkConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict
                 .ranks
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| r.node == node && r.alive())
+                .filter(|(_, r)| r.node == node)
                 .map(|(i, _)| i as u32)
                 .collect();
             let comms = comms_of_node.get(&node).copied().unwrap_or(0);
