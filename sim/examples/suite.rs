@@ -75,6 +75,14 @@ fn main() -> ExitCode {
         reports.len(),
         wall.elapsed().as_secs_f64()
     );
+    for c in &card.classes {
+        for l in c.latencies.iter().filter(|l| l.ratio > 1.0) {
+            println!(
+                "over budget: {} in {}: {:.2} s, {:.2} steps (target {})",
+                c.class, l.scenario, l.secs, l.steps, c.budget
+            );
+        }
+    }
     let failures = card.failures();
     for f in &failures {
         println!("FAIL {f}");

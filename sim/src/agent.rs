@@ -18,6 +18,16 @@ pub const REGISTRATION_SECS: f64 = 10.0;
 /// How many later batches repeat a critical record.
 const CRITICAL_REPEATS: u8 = 2;
 
+/// Virtual seconds since the run start → virtual ns since the run start (infinite and
+/// out-of-range times saturate to `i64::MAX`, "never").
+pub fn virtual_ns(t: f64) -> i64 {
+    if t.is_finite() && t < 9.0e9 {
+        (t * 1e9).round() as i64
+    } else {
+        i64::MAX
+    }
+}
+
 /// Virtual seconds since the run start → true wall time in ns.
 pub fn true_ns(t: f64) -> i64 {
     SIM_EPOCH.nanos() + (t * 1e9).round() as i64
@@ -159,16 +169,17 @@ impl Agent {
         id
     }
 
-    /// Cut the batch of a flush at true time `t`. `death[r]` is when rank `r` died or
-    /// exited (infinite while it lives).
+    /// Cut the batch of a flush at true time `t_ns` (virtual ns since the run start).
+    /// `death[r]` is when rank `r` died or exited (infinite while it lives).
     pub fn flush(
         &mut self,
-        t: f64,
+        t_ns: i64,
         death: &[f64],
         topo: &Topology,
         job: &str,
     ) -> (Batch, FlushStats) {
         self.seq += 1;
+        let t = t_ns as f64 / 1e9;
         let off = self.offset_ns;
         let ns = |x: f64| true_ns(x) + off;
         let mut sig = JobSignals {
@@ -182,7 +193,7 @@ impl Agent {
         if t >= self.next_registration {
             self.next_registration = t + REGISTRATION_SECS;
             for r in ranks.clone() {
-                if t >= death[r as usize] {
+                if virtual_ns(death[r as usize]) <= t_ns {
                     continue;
                 }
                 let gpu = topo.gpu_of(r);
@@ -206,13 +217,13 @@ impl Agent {
         }
 
         self.colls.retain(|c| {
-            let d = death[c.rank as usize];
-            let seen = t.min(d);
-            if c.start > seen {
+            let d = virtual_ns(death[c.rank as usize]);
+            let seen = t_ns.min(d);
+            if virtual_ns(c.start) > seen {
                 // Not started yet, or never started before the rank died.
-                return d > t;
+                return d > t_ns;
             }
-            if c.end <= seen {
+            if virtual_ns(c.end) <= seen {
                 sig.collectives.push(CollectiveEvent {
                     comm: c.comm,
                     rank: c.rank,
@@ -225,7 +236,7 @@ impl Agent {
                 });
                 return false;
             }
-            if t < d {
+            if t_ns < d {
                 sig.collectives.push(CollectiveEvent {
                     comm: c.comm,
                     rank: c.rank,
@@ -250,11 +261,12 @@ impl Agent {
         }
         self.repeats.retain(|(left, _)| *left > 0);
         self.records.retain(|p| {
-            let d = p.rank.map_or(f64::INFINITY, |r| death[r as usize]);
-            if p.at > d {
-                return d > t;
+            let d = p.rank.map_or(i64::MAX, |r| virtual_ns(death[r as usize]));
+            let at = virtual_ns(p.at);
+            if at > d {
+                return d > t_ns;
             }
-            if p.at > t {
+            if at > t_ns {
                 return true;
             }
             let rec = p.record.skewed(off);
@@ -279,7 +291,7 @@ impl Agent {
             agent_id: self.agent_id.clone(),
             boot_id: self.boot_id.clone(),
             seq: self.seq,
-            sent_at_ns: ns(t),
+            sent_at_ns: SIM_EPOCH.nanos() + t_ns + off,
             jobs: if has_job { vec![sig] } else { vec![] },
             gpus: vec![],
             events,

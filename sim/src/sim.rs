@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use warden_controller::{Encoding, Engine, EngineConfig, IncidentChange, SharedEngine};
 use warden_model::Timestamp;
 
-use crate::agent::{Agent, SIM_EPOCH};
+use crate::agent::{Agent, SIM_EPOCH, virtual_ns};
 use crate::physics::Physics;
 use crate::report::Report;
 use crate::rng::Draw;
@@ -121,7 +121,7 @@ pub struct FaultRecord {
 type FlushAt = Reverse<(i64, u32, bool)>;
 
 fn ns(t: f64) -> i64 {
-    (t * 1e9).round() as i64
+    virtual_ns(t)
 }
 
 /// A running simulation of one scenario.
@@ -263,13 +263,16 @@ impl Simulation {
     }
 
     fn flush(&mut self, node: u32, t_ns: i64, regular: bool) {
-        let t = t_ns as f64 / 1e9;
         let agent = &mut self.agents[node as usize];
-        let (batch, stats) =
-            agent.flush(t, &self.physics.death, &self.topo, &self.scenario.job.name);
+        let (batch, stats) = agent.flush(
+            t_ns,
+            &self.physics.death,
+            &self.topo,
+            &self.scenario.job.name,
+        );
         if regular {
             self.flushes
-                .push(Reverse((ns(t + self.options.flush_secs), node, true)));
+                .push(Reverse((t_ns + ns(self.options.flush_secs), node, true)));
         }
         if self.net.chance(self.scenario.noise.batch_drop_prob) {
             agent.failed_batches += 1;

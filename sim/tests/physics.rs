@@ -485,3 +485,35 @@ fn during_a_checkpoint_nobody_is_inside_a_collective() {
         }
     }
 }
+
+#[test]
+fn urgent_records_leave_at_once() {
+    let (_, rec) = record(&format!(
+        "{SMALL}faults: [{{step: 20, kind: nan, rank: 3}}, {{step: 40, kind: crash, rank: 9}}]\n"
+    ));
+    let mut first_sent: HashMap<(u32, i64, bool), i64> = HashMap::new();
+    for (_, b) in &rec.batches {
+        for j in &b.jobs {
+            for m in &j.metrics {
+                if m.loss.is_some_and(f64::is_nan) || m.grad_norm.is_some_and(f64::is_nan) {
+                    first_sent
+                        .entry((m.rank, m.at_ns, true))
+                        .or_insert(b.sent_at_ns);
+                }
+            }
+            for p in j.processes.iter().filter(|p| !p.alive) {
+                first_sent
+                    .entry((p.rank, p.at_ns, false))
+                    .or_insert(b.sent_at_ns);
+            }
+        }
+    }
+    assert!(first_sent.len() > 16 * 20);
+    for ((rank, at, _), sent) in &first_sent {
+        let delay = secs(*sent) - secs(*at);
+        assert!(
+            (0.0..=0.021).contains(&delay),
+            "rank {rank}: urgent record sent {delay} s late"
+        );
+    }
+}
