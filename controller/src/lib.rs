@@ -13,4 +13,6 @@ pub mod state;
 pub mod view;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use engine::{Change, Encoding, Engine, EngineConfig, EngineStats, IncidentChange, SharedEngine};
+pub use engine::{
+    Change, Encoding, Engine, EngineConfig, EngineStats, IncidentChange, SharedEngine,
+};

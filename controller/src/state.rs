@@ -527,6 +527,8 @@ pub struct Cluster {
     /// Per node index: the moment (controller clock) its agent last cut a batch. What
     /// we know about a node's ranks is true as of then, not as of now.
     pub node_cut: Vec<Timestamp>,
+    /// Per node index: when a lost batch from its agent was last noticed.
+    node_gap: Vec<Timestamp>,
 }
 
 /// Log lines that mean "a peer went away", which make an exit a symptom, not a cause.
@@ -620,6 +622,13 @@ impl Cluster {
         }
         let slot = &mut self.node_cut[node as usize];
         *slot = (*slot).max(cut);
+        if self.node_gap.len() <= node as usize {
+            self.node_gap.resize(node as usize + 1, Timestamp::ZERO);
+        }
+        if gap {
+            self.node_gap[node as usize] = now;
+        }
+        let gap_at = self.node_gap[node as usize];
         let mut applied = 0;
         if gap {
             // Records of the lost batch are missing from whatever iteration is open on
@@ -635,7 +644,7 @@ impl Cluster {
             applied += self.apply_node_event(node, &batch.node, ev, offset, now);
         }
         for js in batch.jobs {
-            applied += self.apply_job(node, js, offset, cut, now, stats);
+            applied += self.apply_job(node, js, offset, (cut, gap_at), now, stats);
         }
         applied
     }
@@ -708,7 +717,7 @@ impl Cluster {
         node: u32,
         js: JobSignals,
         offset: i64,
-        cut: Timestamp,
+        (cut, gap_at): (Timestamp, Timestamp),
         now: Timestamp,
         stats: &mut EngineStats,
     ) -> usize {
@@ -726,7 +735,7 @@ impl Cluster {
             n += 1;
         }
         for ev in &js.collectives {
-            if apply_collective(job, ev, offset, cut, now) {
+            if apply_collective(job, ev, offset, (cut, gap_at), now) {
                 stats.collective_events += 1;
             } else {
                 stats.stale_records += 1;
@@ -895,7 +904,7 @@ fn apply_collective(
     job: &mut JobState,
     ev: &CollectiveEvent,
     offset: i64,
-    cut: Timestamp,
+    (cut, gap_at): (Timestamp, Timestamp),
     now: Timestamp,
 ) -> bool {
     let ci = job.comm_idx(ev.comm);
@@ -925,7 +934,12 @@ fn apply_collective(
     if ev.seq <= m.last_completed_seq {
         return false;
     }
-    let gap = m.last_completed_seq != 0 && ev.seq != m.last_completed_seq + 1;
+    // Collectives missing between the last one seen and this one make the open
+    // iteration's accounting wrong, unless a lost batch noticed since the last one seen
+    // explains them (its iteration was already discarded when the loss was noticed).
+    let gap = m.last_completed_seq != 0
+        && ev.seq != m.last_completed_seq + 1
+        && m.last_completed_at >= gap_at;
     m.last_completed_seq = ev.seq;
     m.last_completed_at = Timestamp(ev.end_ns.saturating_sub(offset));
     m.completions = m.completions.saturating_add(1);

@@ -87,12 +87,18 @@ impl IncidentView {
             evidence: inc
                 .evidence
                 .iter()
-                .map(|e| EvidenceView { at_s: rel(e.at, origin), text: e.text.clone() })
+                .map(|e| EvidenceView {
+                    at_s: rel(e.at, origin),
+                    text: e.text.clone(),
+                })
                 .collect(),
             timeline: inc
                 .timeline
                 .iter()
-                .map(|e| TimelineView { at_s: rel(e.at, origin), what: e.what.clone() })
+                .map(|e| TimelineView {
+                    at_s: rel(e.at, origin),
+                    what: e.what.clone(),
+                })
                 .collect(),
         }
     }

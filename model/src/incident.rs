@@ -64,7 +64,9 @@ impl fmt::Display for IncidentKind {
 
 /// An unknown incident-kind label.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown incident kind {0:?} (expected one of hang, crash, straggler, slow_link, nan, gpu_fault)")]
+#[error(
+    "unknown incident kind {0:?} (expected one of hang, crash, straggler, slow_link, nan, gpu_fault)"
+)]
 pub struct UnknownKind(pub String);
 
 impl FromStr for IncidentKind {
@@ -78,7 +80,9 @@ impl FromStr for IncidentKind {
 }
 
 /// How bad it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
     /// Worth knowing; no action.
@@ -246,7 +250,10 @@ mod tests {
     fn kind_labels_round_trip() {
         for k in IncidentKind::ALL {
             assert_eq!(k.as_str().parse::<IncidentKind>().ok(), Some(k));
-            assert_eq!(serde_json::to_string(&k).ok(), Some(format!("\"{}\"", k.as_str())));
+            assert_eq!(
+                serde_json::to_string(&k).ok(),
+                Some(format!("\"{}\"", k.as_str()))
+            );
         }
         assert!("meltdown".parse::<IncidentKind>().is_err());
     }

@@ -122,7 +122,6 @@ wire_enum! {
     ser_op, de_op
 }
 
-
 wire_enum! {
     /// What kind of node-level event an agent saw.
     NodeEventKind {
@@ -150,7 +149,6 @@ wire_enum! {
     ser_event_kind, de_event_kind
 }
 
-
 wire_enum! {
     /// Severity an agent assigns to a node event (from the XID catalog and parsers).
     EventSeverity {
@@ -164,7 +162,6 @@ wire_enum! {
     ser_severity, de_severity
 }
 
-
 wire_enum! {
     /// Where a log line came from.
     LogStream {
@@ -175,7 +172,6 @@ wire_enum! {
     }
     ser_stream, de_stream
 }
-
 
 /// Everything one agent sends in one flush.
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
@@ -663,8 +659,20 @@ mod tests {
             sent_at_ns: 1_700_000_000_000_000_000,
             jobs: vec![JobSignals {
                 job: "llama".into(),
-                ranks: vec![RankInfo { rank: 3, world_size: 8, pid: 42, gpu_index: Some(3), gpu_uuid: "GPU-x".into() }],
-                comms: vec![CommInfo { comm: u64::MAX - 5, name: "dp-0".into(), size: 8, rank: 3, comm_rank: 3 }],
+                ranks: vec![RankInfo {
+                    rank: 3,
+                    world_size: 8,
+                    pid: 42,
+                    gpu_index: Some(3),
+                    gpu_uuid: "GPU-x".into(),
+                }],
+                comms: vec![CommInfo {
+                    comm: u64::MAX - 5,
+                    name: "dp-0".into(),
+                    size: 8,
+                    rank: 3,
+                    comm_rank: 3,
+                }],
                 collectives: vec![CollectiveEvent {
                     comm: u64::MAX - 5,
                     rank: 3,
@@ -741,7 +749,10 @@ mod tests {
         let mut bytes = sample().encode_binary();
         bytes[4] = 9;
         let err = Batch::decode_binary(&bytes).expect_err("must fail");
-        assert_eq!(err.to_string(), "unsupported wire version 9 (this controller speaks version 1)");
+        assert_eq!(
+            err.to_string(),
+            "unsupported wire version 9 (this controller speaks version 1)"
+        );
         let err = Batch::decode_json(br#"{"version": 2, "node": "n"}"#).expect_err("must fail");
         assert_eq!(err.reason(), "unsupported_version");
     }
@@ -753,9 +764,20 @@ mod tests {
         bytes.push(WIRE_VERSION);
         bytes.extend_from_slice(&3u32.to_le_bytes());
         bytes.extend_from_slice(&[0xff, 0xff, 0xff]);
-        assert_eq!(Batch::decode_binary(&bytes).expect_err("fails").reason(), "malformed");
-        assert_eq!(Batch::decode_json(b"{\"version\":1,").expect_err("fails").reason(), "truncated");
-        assert_eq!(Batch::decode_json(b"[1,2]").expect_err("fails").reason(), "malformed");
+        assert_eq!(
+            Batch::decode_binary(&bytes).expect_err("fails").reason(),
+            "malformed"
+        );
+        assert_eq!(
+            Batch::decode_json(b"{\"version\":1,")
+                .expect_err("fails")
+                .reason(),
+            "truncated"
+        );
+        assert_eq!(
+            Batch::decode_json(b"[1,2]").expect_err("fails").reason(),
+            "malformed"
+        );
     }
 
     #[test]
@@ -766,6 +788,11 @@ mod tests {
         assert!(err.to_string().contains("jobs[0].collectives[0]"), "{err}");
         let mut b = sample();
         b.node.clear();
-        assert!(Batch::decode_binary(&b.encode_binary()).expect_err("fails").to_string().contains("`node`"));
+        assert!(
+            Batch::decode_binary(&b.encode_binary())
+                .expect_err("fails")
+                .to_string()
+                .contains("`node`")
+        );
     }
 }

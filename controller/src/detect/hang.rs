@@ -19,9 +19,10 @@ pub struct HangConfig {
     /// Bound = this × the longest recent wait in communicators of the same class (same
     /// operation, size and payload), pooled over the job.
     pub wait_factor: f64,
-    /// Bound while the job is young (fewer than `warmup_collectives` waits seen), s.
+    /// Bound while a kind of collective is young (fewer than `warmup_collectives`
+    /// completed per communicator), seconds.
     pub warmup_secs: f64,
-    /// Collectives a job must have completed before its learned bound is trusted.
+    /// Collectives per communicator completed before the learned bound is trusted.
     pub warmup_collectives: usize,
     /// Upper limit of the learned bound, seconds.
     pub max_bound_secs: f64,
@@ -35,7 +36,7 @@ impl Default for HangConfig {
             min_wait_secs: 1.0,
             wait_factor: 2.0,
             warmup_secs: 10.0,
-            warmup_collectives: 16,
+            warmup_collectives: 8,
             max_bound_secs: 120.0,
             exited_fraction: 0.25,
         }
@@ -50,15 +51,18 @@ fn class_of(c: &CommState) -> Class {
     (c.op, c.members.len(), c.bytes)
 }
 
-/// Longest recent wait and number of collectives seen, per class of communicator.
+/// Longest recent wait and collectives seen per communicator, per class.
 fn learned_waits(job: &crate::state::JobState) -> rustc_hash::FxHashMap<Class, (f32, usize)> {
-    let mut m: rustc_hash::FxHashMap<Class, (f32, usize)> = Default::default();
+    let mut m: rustc_hash::FxHashMap<Class, (f32, usize, usize)> = Default::default();
     for c in &job.comms {
         let e = m.entry(class_of(c)).or_default();
         e.0 = c.waits.recent(c.waits.len()).fold(e.0, f32::max);
         e.1 += c.waits.len();
+        e.2 += 1;
     }
-    m
+    m.into_iter()
+        .map(|(k, (longest, seen, comms))| (k, (longest, seen / comms.max(1))))
+        .collect()
 }
 
 /// How long a member of a communicator of this class may legitimately wait inside a

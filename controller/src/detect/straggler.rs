@@ -13,6 +13,10 @@ use crate::state::{NO_NODE, median, rank_compute_median};
 /// Straggler detection settings.
 #[derive(Debug, Clone)]
 pub struct StragglerConfig {
+    /// Iterations in the quickest window (catches large slowdowns in two or three steps).
+    pub quick_window: usize,
+    /// Smallest slowdown the quickest window reports.
+    pub quick_min_ratio: f64,
     /// Iterations in the fast window (catches large slowdowns quickly).
     pub fast_window: usize,
     /// Smallest slowdown the fast window reports.
@@ -30,6 +34,8 @@ pub struct StragglerConfig {
 impl Default for StragglerConfig {
     fn default() -> Self {
         StragglerConfig {
+            quick_window: 3,
+            quick_min_ratio: 1.2,
             fast_window: 5,
             fast_min_ratio: 1.15,
             slow_window: 16,
@@ -54,41 +60,82 @@ struct NodeScore {
     ranks: Vec<u32>,
 }
 
+/// Samples longer than this many times the job's typical compute are pauses (a
+/// checkpoint, a long hiccup), not compute: ranks report them at slightly different
+/// moments, so left in they would make whoever reported last look slow.
+const PAUSE_FACTOR: f64 = 3.0;
+
+/// The job's typical compute per iteration: the median over ranks of each rank's median
+/// over its whole ring.
+fn typical_compute(w: Window<'_>) -> Option<f64> {
+    let mut v: Vec<f64> = w
+        .job
+        .ranks
+        .iter()
+        .filter(|r| r.alive())
+        .filter_map(|r| rank_compute_median(r, crate::state::COMPUTE_RING))
+        .collect();
+    median(&mut v)
+}
+
+/// A rank's last `window` samples that are not pauses, if it has enough.
+fn recent_compute(r: &crate::state::RankState, window: usize, cap: f64) -> Option<Vec<f64>> {
+    let v: Vec<f64> = r
+        .compute
+        .recent(window + 2)
+        .map(|s| f64::from(s.secs))
+        .filter(|&x| x <= cap)
+        .take(window)
+        .collect();
+    (v.len() == window).then_some(v)
+}
+
 /// Per-node and per-rank compute ratios over the last `window` iterations.
-fn scores(w: Window<'_>, window: usize) -> Option<(f64, Vec<(u32, f64)>, Vec<NodeScore>)> {
+///
+/// A node's ratio is the median of all its ranks' samples pooled: a slow node shows in
+/// most of them, while hiccups, which strike one rank in one iteration, stay a minority
+/// however they fall between ranks. Nodes with fewer than `min_ranks` ranks scored are
+/// left out.
+fn scores(
+    w: Window<'_>,
+    window: usize,
+    min_ranks: usize,
+) -> Option<(f64, Vec<(u32, f64)>, Vec<NodeScore>)> {
     let job = w.job;
-    let per_rank: Vec<(u32, f64)> = job
+    let cap = PAUSE_FACTOR * typical_compute(w)?;
+    let per_rank: Vec<(u32, Vec<f64>)> = job
         .ranks
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.alive() && r.node != NO_NODE && r.compute.len() >= window)
-        .filter_map(|(i, r)| rank_compute_median(r, window).map(|m| (i as u32, m)))
+        .filter(|(_, r)| r.alive() && r.node != NO_NODE)
+        .filter_map(|(i, r)| recent_compute(r, window, cap).map(|v| (i as u32, v)))
         .collect();
     if per_rank.len() < 4 {
         return None;
     }
-    let mut all: Vec<f64> = per_rank.iter().map(|(_, m)| *m).collect();
-    let base = median(&mut all)?;
+    let mut medians: Vec<f64> = per_rank
+        .iter()
+        .filter_map(|(_, v)| median(&mut v.clone()))
+        .collect();
+    let base = median(&mut medians)?;
     if base <= 1e-6 {
         return None;
     }
-    let ratios: Vec<(u32, f64)> = per_rank.iter().map(|&(r, m)| (r, m / base)).collect();
-    let mut by_node: std::collections::BTreeMap<u32, Vec<(u32, f64)>> = Default::default();
-    for &(r, x) in &ratios {
-        by_node
-            .entry(job.ranks[r as usize].node)
-            .or_default()
-            .push((r, x));
+    let mut ratios = Vec::with_capacity(per_rank.len());
+    let mut by_node: std::collections::BTreeMap<u32, (Vec<u32>, Vec<f64>)> = Default::default();
+    for (r, v) in per_rank {
+        if let Some(m) = median(&mut v.clone()) {
+            ratios.push((r, m / base));
+        }
+        let e = by_node.entry(job.ranks[r as usize].node).or_default();
+        e.0.push(r);
+        e.1.extend(v.iter().map(|x| x / base));
     }
     let nodes = by_node
         .into_iter()
-        .filter_map(|(node, v)| {
-            let mut xs: Vec<f64> = v.iter().map(|p| p.1).collect();
-            median(&mut xs).map(|ratio| NodeScore {
-                node,
-                ratio,
-                ranks: v.iter().map(|p| p.0).collect(),
-            })
+        .filter(|(_, (ranks, _))| ranks.len() >= min_ranks)
+        .filter_map(|(node, (ranks, mut pooled))| {
+            median(&mut pooled).map(|ratio| NodeScore { node, ratio, ranks })
         })
         .collect();
     Some((base, ratios, nodes))
@@ -97,11 +144,14 @@ fn scores(w: Window<'_>, window: usize) -> Option<(f64, Vec<(u32, f64)>, Vec<Nod
 /// Check one job.
 pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let mut flagged: Vec<(u32, f64, f64, Vec<u32>, usize)> = Vec::new(); // node, ratio, base, ranks, window
-    for (window, min_ratio) in [
-        (cfg.fast_window, cfg.fast_min_ratio),
-        (cfg.slow_window, cfg.slow_min_ratio),
+    // Short windows only for nodes with several ranks: one rank's unlucky streak of
+    // hiccups must not pass for a slow node.
+    for (window, min_ratio, min_ranks) in [
+        (cfg.quick_window, cfg.quick_min_ratio, 3),
+        (cfg.fast_window, cfg.fast_min_ratio, 3),
+        (cfg.slow_window, cfg.slow_min_ratio, 1),
     ] {
-        let Some((base, _, nodes)) = scores(w, window) else {
+        let Some((base, _, nodes)) = scores(w, window, min_ranks) else {
             continue;
         };
         if nodes.len() < 3 {
@@ -116,7 +166,7 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
         }
     }
     // Single slow ranks on otherwise healthy nodes (a throttling GPU).
-    if let Some((base, ratios, _)) = scores(w, cfg.slow_window) {
+    if let Some((base, ratios, _)) = scores(w, cfg.slow_window, 1) {
         let sigma = robust_sigma(&ratios.iter().map(|r| r.1).collect::<Vec<_>>());
         let threshold = cfg.rank_min_ratio.max(1.0 + 1.5 * cfg.sigmas * sigma);
         for (r, x) in ratios {

@@ -328,7 +328,7 @@ fn hang_is_never_fooled_by_a_pause_outside_collectives() {
 
 #[test]
 fn hang_culprit_is_found_through_blocked_ranks() {
-    // TP {0,1}: 0 waits in seq 10, 1 idle. DP {0,2}: 2 waits in seq 5 for 0, which is
+    // TP {0,1}: 0 waits in seq 10, 1 idle. DP {0,2}: 2 waits in seq 10 for 0, which is
     // blocked in TP, so only rank 1 is a root.
     let mut j = Job::new(3, 1);
     for seq in 1..=9u64 {
@@ -337,12 +337,12 @@ fn hang_culprit_is_found_through_blocked_ranks() {
         j.coll(3, 0, seq, seq as f64 - 0.5, Some(seq as f64 - 0.4));
         j.coll(3, 1, seq, seq as f64 - 0.5, Some(seq as f64 - 0.4));
     }
-    for seq in 1..=4u64 {
+    for seq in 1..=9u64 {
         j.coll(2, 0, seq, seq as f64 + 0.1, Some(seq as f64 + 0.2));
         j.coll(2, 2, seq, seq as f64 + 0.1, Some(seq as f64 + 0.2));
     }
     j.coll(1, 0, 10, 10.0, None);
-    j.coll(2, 2, 5, 10.0, None);
+    j.coll(2, 2, 10, 10.0, None);
     j.heartbeats(13.0);
     check(&j, IncidentKind::Hang, 13.0, Some(&[1]));
 }
