@@ -29,6 +29,8 @@ pub struct StragglerConfig {
     pub rank_min_ratio: f64,
     /// A node must stand this many robust standard deviations above the others.
     pub sigmas: f64,
+    /// ... and this many standard errors of its pooled samples above the median.
+    pub sample_sigmas: f64,
 }
 
 impl Default for StragglerConfig {
@@ -42,6 +44,7 @@ impl Default for StragglerConfig {
             slow_min_ratio: 1.05,
             rank_min_ratio: 1.1,
             sigmas: 6.0,
+            sample_sigmas: 5.0,
         }
     }
 }
@@ -58,6 +61,31 @@ struct NodeScore {
     node: u32,
     ratio: f64,
     ranks: Vec<u32>,
+    /// Samples pooled into `ratio`.
+    samples: usize,
+}
+
+/// Scores of one window: the job's median compute, per-rank ratios, per-node scores, and
+/// the robust relative spread of single samples.
+struct Scores {
+    base: f64,
+    ratios: Vec<(u32, f64)>,
+    nodes: Vec<NodeScore>,
+    sample_sigma: f64,
+}
+
+/// A node's score from its pooled, normalised samples: the median when there are
+/// enough, else a lower quantile, so a single rank's two or three hiccups in a short
+/// window never pass for a slow node.
+fn node_score(pooled: &mut [f64]) -> Option<f64> {
+    if pooled.is_empty() {
+        return None;
+    }
+    if pooled.len() >= 9 {
+        return median(pooled);
+    }
+    pooled.sort_unstable_by(f64::total_cmp);
+    Some(pooled[pooled.len() / 4])
 }
 
 /// Samples longer than this many times the job's typical compute are pauses (a
@@ -96,11 +124,7 @@ fn recent_compute(r: &crate::state::RankState, window: usize, cap: f64) -> Optio
 /// most of them, while hiccups, which strike one rank in one iteration, stay a minority
 /// however they fall between ranks. Nodes with fewer than `min_ranks` ranks scored are
 /// left out.
-fn scores(
-    w: Window<'_>,
-    window: usize,
-    min_ranks: usize,
-) -> Option<(f64, Vec<(u32, f64)>, Vec<NodeScore>)> {
+fn scores(w: Window<'_>, window: usize, min_ranks: usize) -> Option<Scores> {
     let job = w.job;
     let cap = PAUSE_FACTOR * typical_compute(w)?;
     let per_rank: Vec<(u32, Vec<f64>)> = job
@@ -122,6 +146,7 @@ fn scores(
         return None;
     }
     let mut ratios = Vec::with_capacity(per_rank.len());
+    let mut all = Vec::with_capacity(per_rank.len() * window);
     let mut by_node: std::collections::BTreeMap<u32, (Vec<u32>, Vec<f64>)> = Default::default();
     for (r, v) in per_rank {
         if let Some(m) = median(&mut v.clone()) {
@@ -130,15 +155,27 @@ fn scores(
         let e = by_node.entry(job.ranks[r as usize].node).or_default();
         e.0.push(r);
         e.1.extend(v.iter().map(|x| x / base));
+        all.extend(v.iter().map(|x| x / base));
     }
     let nodes = by_node
         .into_iter()
         .filter(|(_, (ranks, _))| ranks.len() >= min_ranks)
         .filter_map(|(node, (ranks, mut pooled))| {
-            median(&mut pooled).map(|ratio| NodeScore { node, ratio, ranks })
+            let samples = pooled.len();
+            node_score(&mut pooled).map(|ratio| NodeScore {
+                node,
+                ratio,
+                ranks,
+                samples,
+            })
         })
         .collect();
-    Some((base, ratios, nodes))
+    Some(Scores {
+        base,
+        ratios,
+        nodes,
+        sample_sigma: robust_sigma(&all),
+    })
 }
 
 /// Check one job.
@@ -148,25 +185,29 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
     // hiccups must not pass for a slow node.
     for (window, min_ratio, min_ranks) in [
         (cfg.quick_window, cfg.quick_min_ratio, 3),
-        (cfg.fast_window, cfg.fast_min_ratio, 3),
+        (cfg.fast_window, cfg.fast_min_ratio, 1),
         (cfg.slow_window, cfg.slow_min_ratio, 1),
     ] {
-        let Some((base, _, nodes)) = scores(w, window, min_ranks) else {
+        let Some(sc) = scores(w, window, min_ranks) else {
             continue;
         };
-        if nodes.len() < 3 {
+        if sc.nodes.len() < 3 {
             continue;
         }
-        let sigma = robust_sigma(&nodes.iter().map(|n| n.ratio).collect::<Vec<_>>());
-        let threshold = min_ratio.max(1.0 + cfg.sigmas * sigma);
-        for n in nodes {
+        let sigma = robust_sigma(&sc.nodes.iter().map(|n| n.ratio).collect::<Vec<_>>());
+        for n in sc.nodes {
+            // Above the floor, above the spread between nodes, and above what chance
+            // makes of this many samples.
+            let chance =
+                1.0 + cfg.sample_sigmas * 1.25 * sc.sample_sigma / (n.samples as f64).sqrt();
+            let threshold = min_ratio.max(1.0 + cfg.sigmas * sigma).max(chance);
             if n.ratio >= threshold && !flagged.iter().any(|f| f.0 == n.node) {
-                flagged.push((n.node, n.ratio, base, n.ranks, window));
+                flagged.push((n.node, n.ratio, sc.base, n.ranks, window));
             }
         }
     }
     // Single slow ranks on otherwise healthy nodes (a throttling GPU).
-    if let Some((base, ratios, _)) = scores(w, cfg.slow_window, 1) {
+    if let Some(Scores { base, ratios, .. }) = scores(w, cfg.slow_window, 1) {
         let sigma = robust_sigma(&ratios.iter().map(|r| r.1).collect::<Vec<_>>());
         let threshold = cfg.rank_min_ratio.max(1.0 + 1.5 * cfg.sigmas * sigma);
         for (r, x) in ratios {
