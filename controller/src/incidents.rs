@@ -172,9 +172,15 @@ impl IncidentBook {
             if inc.kind != f.kind || inc.job != f.job || !self.is_live(i, now) {
                 return false;
             }
+            let resolved = inc.state == IncidentState::Resolved;
             match f.kind {
-                // One job hangs, crashes or diverges once at a time.
-                IncidentKind::Hang | IncidentKind::Crash | IncidentKind::Nan => true,
+                // One job hangs, crashes or diverges once at a time; a resolved one
+                // reopens only for the same culprit.
+                IncidentKind::Hang | IncidentKind::Crash | IncidentKind::Nan => {
+                    !resolved
+                        || intersects(&inc.ranks, &f.ranks)
+                        || intersects(&inc.nodes, &f.nodes)
+                }
                 IncidentKind::Straggler | IncidentKind::SlowLink => {
                     intersects(&inc.nodes, &f.nodes)
                 }

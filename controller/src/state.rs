@@ -22,6 +22,8 @@ pub const NO_NODE: u32 = u32::MAX;
 pub const COMPUTE_RING: usize = 32;
 /// Samples of own transfer time kept per rank and communicator.
 pub const XFER_RING: usize = 8;
+/// Gaps between collectives kept per rank.
+pub const GAP_RING: usize = 32;
 /// Per-collective maximum waits kept per communicator (for the adaptive hang bound).
 pub const WAIT_RING: usize = 64;
 /// Clock-offset samples kept per agent.
@@ -236,6 +238,9 @@ pub struct RankState {
     pub compute: Ring<ComputeSample, COMPUTE_RING>,
     /// Which of `comms` closes an iteration (the least frequent one), once known.
     pub anchor: Option<u32>,
+    /// Recent gaps between finishing one collective and entering the next, seconds: how
+    /// long this rank is normally away from collectives.
+    pub gaps: Ring<f32, GAP_RING>,
     period_start_ns: i64,
     period_wait_ns: i64,
     period_dirty: bool,
@@ -259,6 +264,7 @@ impl Default for RankState {
             nonfinite: None,
             compute: Ring::default(),
             anchor: None,
+            gaps: Ring::default(),
             period_start_ns: 0,
             period_wait_ns: 0,
             period_dirty: true,
@@ -461,6 +467,18 @@ impl JobState {
                 && m.last_started_at >= progress)
                 .then_some((ci, m.last_started_seq))
         })
+    }
+
+    /// A high quantile (the 90th percentile) of rank `r`'s recent gaps between
+    /// collectives, seconds; `None` until it has a few.
+    pub fn usual_gap(&self, r: u32) -> Option<f64> {
+        let rank = self.ranks.get(r as usize)?;
+        if rank.gaps.len() < 4 {
+            return None;
+        }
+        let mut v: Vec<f32> = rank.gaps.recent(GAP_RING).collect();
+        v.sort_unstable_by(f32::total_cmp);
+        Some(f64::from(v[(v.len() * 9 / 10).min(v.len() - 1)]))
     }
 
     /// When rank `r` last completed any collective ([`Timestamp::ZERO`] if never).
@@ -910,6 +928,14 @@ fn apply_collective(
     let ci = job.comm_idx(ev.comm);
     let slot = job.slot(ci, ev.rank);
     let start = Timestamp(ev.start_ns.saturating_sub(offset));
+    if ev.seq > job.comms[ci as usize].members[slot as usize].last_started_seq {
+        let before = job.last_progress(ev.rank);
+        if before > Timestamp::ZERO && start > before {
+            job.ranks[ev.rank as usize]
+                .gaps
+                .push(start.secs_since(before) as f32);
+        }
+    }
     let comm = &mut job.comms[ci as usize];
     comm.op = ev.op;
     comm.bytes = ev.bytes;

@@ -28,6 +28,12 @@ pub struct HangConfig {
     pub max_bound_secs: f64,
     /// Ignore a job once this fraction of its ranks has exited (it ended or crashed).
     pub exited_fraction: f64,
+    /// A culprit must have been away from collectives this many times longer than it
+    /// usually is (a slow rank is late; a hung one never comes back).
+    pub culprit_gap_factor: f64,
+    /// ... and longer than the waiters were away before they entered, by this fraction
+    /// (after a checkpoint everyone was away long, and they come back unevenly).
+    pub waiter_gap_slack: f64,
 }
 
 impl Default for HangConfig {
@@ -36,9 +42,11 @@ impl Default for HangConfig {
             min_wait_secs: 1.0,
             wait_factor: 2.0,
             warmup_secs: 10.0,
-            warmup_collectives: 8,
+            warmup_collectives: 32,
             max_bound_secs: 120.0,
             exited_fraction: 0.25,
+            culprit_gap_factor: 2.0,
+            waiter_gap_slack: 0.25,
         }
     }
 }
@@ -57,7 +65,7 @@ fn learned_waits(job: &crate::state::JobState) -> rustc_hash::FxHashMap<Class, (
     for c in &job.comms {
         let e = m.entry(class_of(c)).or_default();
         e.0 = c.waits.recent(c.waits.len()).fold(e.0, f32::max);
-        e.1 += c.waits.len();
+        e.1 += c.max_completed_seq.min(1 << 20) as usize;
         e.2 += 1;
     }
     m.into_iter()
@@ -84,6 +92,8 @@ struct Stall<'a> {
     oldest: Timestamp,
     missing: Vec<u32>,
     bound: f64,
+    /// How long the waiters were away from collectives before entering (median), s.
+    waiter_gap: f64,
 }
 
 /// Tolerance for comparing times from different agents' (corrected) clocks, seconds.
@@ -117,6 +127,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         let mut waiting = 0;
         let mut oldest = Timestamp::MAX;
         let mut still_reported = Timestamp::ZERO;
+        let mut waiter_gaps: Vec<f64> = Vec::new();
         let mut missing = Vec::new();
         let mut waits_on_dead = false;
         for m in &c.members {
@@ -131,6 +142,10 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
                     waiting += 1;
                     oldest = oldest.min(m.last_started_at);
                     still_reported = still_reported.max(m.inflight_seen);
+                    let before = job.last_progress(m.rank);
+                    if before > Timestamp::ZERO {
+                        waiter_gaps.push(m.last_started_at.secs_since(before).max(0.0));
+                    }
                 }
             } else if m.last_started_seq < seq {
                 missing.push(m.rank);
@@ -167,6 +182,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         if known_until.secs_since(oldest) < bound {
             continue;
         }
+        let waiter_gap = crate::state::median(&mut waiter_gaps).unwrap_or(0.0);
         stalls.push(Stall {
             comm: c,
             seq,
@@ -174,17 +190,27 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             oldest,
             missing,
             bound,
+            waiter_gap,
         });
     }
     if stalls.is_empty() {
         return vec![];
     }
 
-    // Roots: missing members that are not themselves blocked in some collective.
+    // Roots: missing members that are not themselves blocked in some collective, and
+    // have been away from collectives far longer than they usually are and than the
+    // waiters were before entering.
     let mut culprits: Vec<u32> = stalls
         .iter()
-        .flat_map(|s| s.missing.iter().copied())
-        .filter(|&r| job.blocked_in(r).is_none())
+        .flat_map(|s| s.missing.iter().map(move |&r| (s, r)))
+        .filter(|&(_, r)| job.blocked_in(r).is_none())
+        .filter(|&(s, r)| {
+            let away = now.secs_since(job.last_progress(r));
+            let usual = job.usual_gap(r).unwrap_or(0.0) * cfg.culprit_gap_factor;
+            let theirs = s.waiter_gap * (1.0 + cfg.waiter_gap_slack) + s.bound;
+            away >= usual.max(theirs)
+        })
+        .map(|(_, r)| r)
         .collect();
     culprits.sort_unstable();
     culprits.dedup();
@@ -195,6 +221,10 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         .filter(|(i, r)| r.alive() && job.blocked_in(*i as u32).is_some())
         .count();
 
+    if culprits.is_empty() && stalls.iter().any(|s| !s.missing.is_empty()) {
+        // Someone is late but not (yet) away long enough to be called hung.
+        return vec![];
+    }
     if culprits.is_empty() {
         // Everyone entered, nobody finished: the fault is inside the collective (a GPU
         // or a link). Name the communicator's nodes as suspects, with low confidence.

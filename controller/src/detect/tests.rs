@@ -258,14 +258,17 @@ fn check(job: &Job, kind: IncidentKind, now: f64, expect: Option<&[u32]>) {
 }
 
 /// `nranks` ranks in one communicator, seq 1..=9 completed together every second,
-/// after 20 earlier collectives (so the learned bound is trusted).
+/// after 60 earlier collectives (so the learned bound is trusted).
 fn steady(nranks: u32) -> Job {
     let mut j = Job::new(nranks, 1);
-    for seq in 1..=9u64 {
+    // A long quiet history in a communicator of the same kind.
+    for k in 1..=60u64 {
+        let t = k as f64 * 0.1 - 6.5;
         for r in 0..nranks {
-            j.coll(8, r, seq + 20, seq as f64 - 0.6, Some(seq as f64 - 0.5));
-            j.coll(8, r, seq + 40, seq as f64 - 0.4, Some(seq as f64 - 0.3));
+            j.coll(8, r, k, t, Some(t + 0.05));
         }
+    }
+    for seq in 1..=9u64 {
         let t = seq as f64;
         for r in 0..nranks {
             j.coll(7, r, seq, t - 0.1, Some(t));
@@ -320,6 +323,17 @@ fn a_wait_nobody_reports_any_more_is_not_a_hang() {
 }
 
 #[test]
+fn uneven_return_from_a_checkpoint_is_not_a_hang() {
+    // Everyone paused 30 s; rank 3 comes back 1.5 s after the others.
+    let mut j = steady(4);
+    for r in 0..3 {
+        j.coll(7, r, 10, 39.0, None);
+    }
+    j.heartbeats(40.5);
+    check(&j, IncidentKind::Hang, 40.5, None);
+}
+
+#[test]
 fn hang_is_never_fooled_by_a_pause_outside_collectives() {
     let mut j = steady(4);
     j.heartbeats(60.0);
@@ -331,6 +345,11 @@ fn hang_culprit_is_found_through_blocked_ranks() {
     // TP {0,1}: 0 waits in seq 10, 1 idle. DP {0,2}: 2 waits in seq 10 for 0, which is
     // blocked in TP, so only rank 1 is a root.
     let mut j = Job::new(3, 1);
+    for k in 1..=80u64 {
+        let t = k as f64 * 0.1 - 8.5;
+        j.coll(3, 0, 100 + k, t, Some(t + 0.05));
+        j.coll(3, 1, 100 + k, t, Some(t + 0.05));
+    }
     for seq in 1..=9u64 {
         j.coll(1, 0, seq, seq as f64 - 0.1, Some(seq as f64));
         j.coll(1, 1, seq, seq as f64 - 0.1, Some(seq as f64));
@@ -375,7 +394,7 @@ fn hang_ignores_a_dead_rank() {
 #[test]
 fn hang_bound_learns_long_waits() {
     let mut j = Job::new(4, 1);
-    for seq in 1..=20u64 {
+    for seq in 1..=40u64 {
         let t = seq as f64 * 2.5;
         for r in 0..4 {
             // Rank 0 arrives 2 s before the others every time.
@@ -384,12 +403,12 @@ fn hang_bound_learns_long_waits() {
         }
     }
     for r in 0..3 {
-        j.coll(7, r, 21, 50.0, None);
+        j.coll(7, r, 41, 100.0, None);
     }
-    j.heartbeats(53.5);
-    check(&j, IncidentKind::Hang, 53.5, None); // 3.5 s: inside 2 x the 2 s waits seen
-    j.heartbeats(54.5);
-    check(&j, IncidentKind::Hang, 54.5, Some(&[3]));
+    j.heartbeats(103.5);
+    check(&j, IncidentKind::Hang, 103.5, None); // inside 2 x the 2 s waits seen
+    j.heartbeats(107.5);
+    check(&j, IncidentKind::Hang, 107.5, Some(&[3]));
 }
 
 #[test]
