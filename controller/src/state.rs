@@ -74,18 +74,19 @@ impl<T: Copy + Default, const N: usize> Ring<T, N> {
     }
 }
 
-/// Median of a small slice (sorted in place); `None` when empty.
+/// Median of a slice (reordered in place, linear time); `None` when empty.
 pub fn median(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
+    let n = v.len();
+    if n == 0 {
         return None;
     }
-    v.sort_unstable_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+    let (left, mid, _) = v.select_nth_unstable_by(n / 2, f64::total_cmp);
+    let upper = *mid;
+    if n % 2 == 1 {
+        return Some(upper);
+    }
+    let lower = left.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some((lower + upper) / 2.0)
 }
 
 /// What the controller knows about one node's agent.
@@ -545,7 +546,7 @@ pub struct Cluster {
     /// Per node index: the moment (controller clock) its agent last cut a batch. What
     /// we know about a node's ranks is true as of then, not as of now.
     pub node_cut: Vec<Timestamp>,
-    /// Per node index: when a lost batch from its agent was last noticed.
+    /// Per node index: when lost records from its agent were last noticed.
     node_gap: Vec<Timestamp>,
 }
 
@@ -615,10 +616,12 @@ impl Cluster {
             agent.boot_id.clone_from(&batch.boot_id);
             agent.last_seq = 0;
         }
-        let gap = batch.seq > agent.last_seq + 1 && agent.last_seq != 0;
-        if gap {
+        if batch.seq > agent.last_seq + 1 && agent.last_seq != 0 {
             stats.batch_gaps += 1;
         }
+        // Agents carry each batch's completions again in the next batch: only two or
+        // more lost in a row lose records.
+        let gap = batch.seq > agent.last_seq + 2 && agent.last_seq != 0;
         agent.last_seq = agent.last_seq.max(batch.seq);
         agent.last_heard = now;
         // The agent's clock minus ours, less the (positive) transit time: the largest
@@ -649,8 +652,8 @@ impl Cluster {
         let gap_at = self.node_gap[node as usize];
         let mut applied = 0;
         if gap {
-            // Records of the lost batch are missing from whatever iteration is open on
-            // this node's ranks: do not let it become a compute sample.
+            // Records of the lost batches are missing from whatever iteration is open
+            // on this node's ranks: do not let it become a compute sample.
             for job in self.jobs.values_mut() {
                 for r in job.ranks.iter_mut().filter(|r| r.node == node) {
                     r.period_dirty = true;
@@ -729,7 +732,6 @@ impl Cluster {
         1
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn apply_job(
         &mut self,
         node: u32,

@@ -9,8 +9,9 @@
 //!
 //! Redundancy is part of the contract: an agent repeats in-flight collectives, rank
 //! registrations and critical records (process exits, non-finite metrics, hardware
-//! events) in later batches, so the loss of one batch loses no verdict; the controller
-//! treats every record as idempotent.
+//! events) in later batches, and carries each batch's completed collectives again in
+//! the next one, so the loss of one batch loses nothing; the controller treats every
+//! record as idempotent.
 
 use bytes::{Buf, BufMut};
 use prost::Message;

@@ -133,6 +133,8 @@ pub struct Agent {
     /// Other records not yet reported.
     pub records: Vec<PendingRecord>,
     repeats: Vec<(u8, Record)>,
+    /// Collectives completed in the previous batch, carried again in the next one.
+    last_completed: Vec<CollectiveEvent>,
     /// Batches built but lost on the way.
     pub failed_batches: u64,
 }
@@ -153,6 +155,7 @@ impl Agent {
             colls: vec![],
             records: vec![],
             repeats: vec![],
+            last_completed: vec![],
             failed_batches: 0,
         }
     }
@@ -251,7 +254,19 @@ impl Agent {
             }
             false
         });
+        // Completions are carried twice (this batch and the next) so that one lost
+        // batch loses none; the controller drops the repeats as stale.
+        let fresh: Vec<CollectiveEvent> = sig
+            .collectives
+            .iter()
+            .filter(|c| c.end_ns != 0)
+            .cloned()
+            .collect();
         stats.collectives = sig.collectives.len() as u64;
+        // Older records first: each rank's records stay in the order they happened.
+        let mut carried = std::mem::replace(&mut self.last_completed, fresh);
+        carried.append(&mut sig.collectives);
+        sig.collectives = carried;
 
         let mut events = vec![];
         let mut sent_critical = vec![];

@@ -33,12 +33,20 @@ impl Sink for Messy {
 }
 
 fn messy_run(file: &str) -> Report {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios").join(file);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(file);
     let scenario = Scenario::load(&path).expect("shipped scenario loads");
-    let mut sink = Messy { engine: Engine::new(EngineConfig::default(), SIM_EPOCH), held: None };
+    let mut sink = Messy {
+        engine: Engine::new(EngineConfig::default(), SIM_EPOCH),
+        held: None,
+    };
     let mut sim = Simulation::new(&scenario, RunOptions::default());
     sim.run_to_end(&mut sink);
-    assert!(sink.engine.stats().stale_records > 0, "duplicates were delivered");
+    assert!(
+        sink.engine.stats().stale_records > 0,
+        "duplicates were delivered"
+    );
     Report::new(&sim, sink.engine.incident_views(None, None, None), 0.0)
 }
 
@@ -58,5 +66,10 @@ fn duplicated_and_reordered_batches_keep_every_culprit() {
         .filter(|f| !f.contains("latency"))
         .collect();
     assert!(wrong.is_empty(), "{wrong:#?}");
-    assert_eq!(report.incidents.len(), report.faults.len(), "{:#?}", report.incidents);
+    assert_eq!(
+        report.incidents.len(),
+        report.faults.len(),
+        "{:#?}",
+        report.incidents
+    );
 }

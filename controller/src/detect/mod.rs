@@ -84,7 +84,7 @@ impl Window<'_> {
 }
 
 /// Detector settings; the defaults are what the scenario suite is scored with.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct DetectConfig {
     /// Hang detection.
     pub hang: hang::HangConfig,
@@ -98,19 +98,6 @@ pub struct DetectConfig {
     pub straggler: straggler::StragglerConfig,
     /// Slow-link detection.
     pub slow_link: slow_link::SlowLinkConfig,
-}
-
-impl Default for DetectConfig {
-    fn default() -> Self {
-        DetectConfig {
-            hang: hang::HangConfig::default(),
-            crash: crash::CrashConfig::default(),
-            nan: nan::NanConfig::default(),
-            gpu: gpu::GpuConfig::default(),
-            straggler: straggler::StragglerConfig::default(),
-            slow_link: slow_link::SlowLinkConfig::default(),
-        }
-    }
 }
 
 /// All detectors with their settings.

@@ -94,14 +94,14 @@ fn node_score(pooled: &mut [f64]) -> Option<f64> {
 const PAUSE_FACTOR: f64 = 3.0;
 
 /// The job's typical compute per iteration: the median over ranks of each rank's median
-/// over its whole ring.
+/// over its last 16 iterations.
 fn typical_compute(w: Window<'_>) -> Option<f64> {
     let mut v: Vec<f64> = w
         .job
         .ranks
         .iter()
         .filter(|r| r.alive())
-        .filter_map(|r| rank_compute_median(r, crate::state::COMPUTE_RING))
+        .filter_map(|r| rank_compute_median(r, 16))
         .collect();
     median(&mut v)
 }
@@ -124,9 +124,8 @@ fn recent_compute(r: &crate::state::RankState, window: usize, cap: f64) -> Optio
 /// most of them, while hiccups, which strike one rank in one iteration, stay a minority
 /// however they fall between ranks. Nodes with fewer than `min_ranks` ranks scored are
 /// left out.
-fn scores(w: Window<'_>, window: usize, min_ranks: usize) -> Option<Scores> {
+fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Scores> {
     let job = w.job;
-    let cap = PAUSE_FACTOR * typical_compute(w)?;
     let per_rank: Vec<(u32, Vec<f64>)> = job
         .ranks
         .iter()
@@ -181,6 +180,10 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize) -> Option<Scores> {
 /// Check one job.
 pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let mut flagged: Vec<(u32, f64, f64, Vec<u32>, usize)> = Vec::new(); // node, ratio, base, ranks, window
+    let Some(typical) = typical_compute(w) else {
+        return vec![];
+    };
+    let cap = PAUSE_FACTOR * typical;
     // Short windows only for nodes with several ranks: one rank's unlucky streak of
     // hiccups must not pass for a slow node.
     for (window, min_ratio, min_ranks) in [
@@ -188,7 +191,7 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
         (cfg.fast_window, cfg.fast_min_ratio, 1),
         (cfg.slow_window, cfg.slow_min_ratio, 1),
     ] {
-        let Some(sc) = scores(w, window, min_ranks) else {
+        let Some(sc) = scores(w, window, min_ranks, cap) else {
             continue;
         };
         if sc.nodes.len() < 3 {
@@ -207,7 +210,7 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
         }
     }
     // Single slow ranks on otherwise healthy nodes (a throttling GPU).
-    if let Some(Scores { base, ratios, .. }) = scores(w, cfg.slow_window, 1) {
+    if let Some(Scores { base, ratios, .. }) = scores(w, cfg.slow_window, 1, cap) {
         let sigma = robust_sigma(&ratios.iter().map(|r| r.1).collect::<Vec<_>>());
         let threshold = cfg.rank_min_ratio.max(1.0 + 1.5 * cfg.sigmas * sigma);
         for (r, x) in ratios {
