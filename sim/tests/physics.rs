@@ -99,7 +99,12 @@ fn members_of_a_collective_complete_together_and_all_report_it() {
     }
     for (_, c) in collectives(&rec) {
         if !c.in_flight() {
-            by_key.entry((c.comm, c.seq)).or_default().push(c);
+            let evs = by_key.entry((c.comm, c.seq)).or_default();
+            // Completions are carried twice (their batch and the next): same record.
+            match evs.iter().find(|e| e.rank == c.rank) {
+                Some(seen) => assert_eq!(*seen, c, "a repeated completion is identical"),
+                None => evs.push(c),
+            }
         }
     }
     assert_eq!(sizes.len(), 8 + 8 + 4, "tp, pp and dp comms are registered");
@@ -108,7 +113,7 @@ fn members_of_a_collective_complete_together_and_all_report_it() {
         assert_eq!(
             evs.len() as u32,
             sizes[comm],
-            "comm {comm:x} seq {seq}: every member reports it once"
+            "comm {comm:x} seq {seq}: every member reports it"
         );
         let end = evs[0].end_ns;
         assert!(
