@@ -226,30 +226,29 @@ impl Agent {
                 // Not started yet, or never started before the rank died.
                 return d > t_ns;
             }
-            if virtual_ns(c.end) <= seen {
-                sig.collectives.push(CollectiveEvent {
-                    comm: c.comm,
-                    rank: c.rank,
-                    seq: c.seq,
-                    op: c.kind.op() as i32,
-                    bytes: c.kind.bytes(),
-                    start_ns: ns(c.start),
-                    end_ns: ns(c.end),
-                    xfer_ns: (c.xfer * 1e9).round() as u64,
-                });
+            // Completed: with its end and the rank's own transfer time; in flight:
+            // neither is known yet.
+            let completed = virtual_ns(c.end) <= seen;
+            let record = CollectiveEvent {
+                comm: c.comm,
+                rank: c.rank,
+                seq: c.seq,
+                op: c.kind.op() as i32,
+                bytes: c.kind.bytes(),
+                start_ns: ns(c.start),
+                end_ns: if completed { ns(c.end) } else { 0 },
+                xfer_ns: if completed {
+                    (c.xfer * 1e9).round() as u64
+                } else {
+                    0
+                },
+            };
+            if completed {
+                sig.collectives.push(record);
                 return false;
             }
             if t_ns < d {
-                sig.collectives.push(CollectiveEvent {
-                    comm: c.comm,
-                    rank: c.rank,
-                    seq: c.seq,
-                    op: c.kind.op() as i32,
-                    bytes: c.kind.bytes(),
-                    start_ns: ns(c.start),
-                    end_ns: 0,
-                    xfer_ns: 0,
-                });
+                sig.collectives.push(record);
                 return true;
             }
             false
