@@ -89,7 +89,12 @@ pub struct Engine {
     detectors: Detectors,
     book: IncidentBook,
     stats: EngineStats,
+    last_forget: Timestamp,
 }
+
+/// Jobs and hardware trouble silent this long are forgotten, seconds (their incidents
+/// stay).
+const RETENTION_SECS: f64 = 3600.0;
 
 impl Engine {
     /// A fresh engine. `origin` is time zero for the `*_s` fields of views.
@@ -100,6 +105,7 @@ impl Engine {
             detectors: Detectors::new(config.detect),
             book: IncidentBook::default(),
             stats: EngineStats::default(),
+            last_forget: origin,
         }
     }
 
@@ -146,6 +152,10 @@ impl Engine {
     /// Run every detector at `now` and fold their findings into incidents.
     pub fn tick(&mut self, now: Timestamp) -> Vec<IncidentChange> {
         self.stats.ticks += 1;
+        if now.secs_since(self.last_forget) >= 60.0 {
+            self.cluster.forget_older_than(now, RETENTION_SECS);
+            self.last_forget = now;
+        }
         let verdicts = self.detectors.run(&mut self.cluster, now);
         for f in &verdicts.findings {
             *self.stats.findings.entry(f.kind).or_default() += 1;
@@ -234,5 +244,59 @@ impl SharedEngine {
     /// so a poisoned lock is taken over rather than propagated.
     pub fn lock(&self) -> MutexGuard<'_, Engine> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use warden_model::wire::{Batch, JobSignals, RankInfo};
+
+    use super::*;
+
+    fn batch(at: Timestamp) -> Vec<u8> {
+        Batch {
+            node: "node-00".into(),
+            agent_id: "a".into(),
+            boot_id: "b".into(),
+            seq: 1,
+            sent_at_ns: at.0,
+            jobs: vec![JobSignals {
+                job: "j".into(),
+                ranks: vec![RankInfo {
+                    rank: 0,
+                    world_size: 1,
+                    pid: 7,
+                    gpu_index: Some(0),
+                    gpu_uuid: String::new(),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+        .encode_binary()
+    }
+
+    #[test]
+    fn a_rejected_batch_changes_nothing_but_a_counter() {
+        let t = Timestamp::from_secs_f64(1e9);
+        let mut e = Engine::new(EngineConfig::default(), t);
+        let mut body = batch(t);
+        body.truncate(body.len() - 3);
+        assert!(e.ingest(&body, Encoding::Binary, t).is_err());
+        assert!(e.job_views().is_empty());
+        assert_eq!(e.stats().rejected.get("truncated"), Some(&1));
+        assert_eq!(e.stats().batches, 0);
+    }
+
+    #[test]
+    fn jobs_silent_for_an_hour_are_forgotten() {
+        let t = Timestamp::from_secs_f64(1e9);
+        let mut e = Engine::new(EngineConfig::default(), t);
+        e.ingest(&batch(t), Encoding::Binary, t)
+            .expect("valid batch");
+        e.tick(t.plus_secs(120.0));
+        assert_eq!(e.job_views().len(), 1);
+        e.tick(t.plus_secs(RETENTION_SECS + 60.0));
+        assert!(e.job_views().is_empty());
     }
 }

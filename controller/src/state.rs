@@ -408,6 +408,8 @@ pub struct JobState {
     pub compute_version: u64,
     /// Bumped whenever transfer samples change.
     pub xfer_version: u64,
+    /// When a batch last carried anything about this job (controller clock).
+    pub last_heard: Timestamp,
 }
 
 impl JobState {
@@ -745,6 +747,7 @@ impl Cluster {
             name: js.job.clone(),
             ..JobState::default()
         });
+        job.last_heard = now;
         let mut n = 0;
         for r in &js.ranks {
             apply_rank_info(job, node, r, now);
@@ -775,6 +778,15 @@ impl Cluster {
         }
         stats.other_records += n as u64;
         n + js.collectives.len()
+    }
+
+    /// Forget jobs nobody reported on, and hardware trouble nothing was seen of, for
+    /// `retention_secs`: a controller runs for months while jobs come and go.
+    pub fn forget_older_than(&mut self, now: Timestamp, retention_secs: f64) {
+        self.jobs
+            .retain(|_, j| now.secs_since(j.last_heard) < retention_secs);
+        self.gpu_trouble
+            .retain(|_, t| now.secs_since(t.last_at) < retention_secs);
     }
 
     /// Live progress of a job's ranks.

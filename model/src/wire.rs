@@ -513,6 +513,9 @@ mod nonfinite {
 
 /// Largest node or job name accepted.
 pub const MAX_NAME_LEN: usize = 253;
+/// Ranks at or above this are refused (the controller indexes ranks densely; the
+/// largest jobs today have a few hundred thousand ranks).
+pub const MAX_RANK: u32 = 1 << 22;
 
 impl Batch {
     /// Binary form: envelope + protobuf.
@@ -623,6 +626,21 @@ impl Batch {
         for (i, j) in self.jobs.iter().enumerate() {
             if j.job.is_empty() || j.job.len() > MAX_NAME_LEN {
                 return bad(format!("jobs[{i}].job must be 1..={MAX_NAME_LEN} bytes"));
+            }
+            let ranks = [
+                ("ranks", j.ranks.iter().map(|r| r.rank).max()),
+                ("comms", j.comms.iter().map(|c| c.rank).max()),
+                ("collectives", j.collectives.iter().map(|c| c.rank).max()),
+                ("metrics", j.metrics.iter().map(|m| m.rank).max()),
+                ("processes", j.processes.iter().map(|p| p.rank).max()),
+                ("logs", j.logs.iter().filter_map(|l| l.rank).max()),
+            ];
+            for (what, max) in ranks {
+                if let Some(r) = max.filter(|&r| r >= MAX_RANK) {
+                    return bad(format!(
+                        "jobs[{i}].{what}: rank {r} is not below {MAX_RANK}"
+                    ));
+                }
             }
             for (k, c) in j.collectives.iter().enumerate() {
                 if c.seq == 0 || c.start_ns <= 0 || (c.end_ns != 0 && c.end_ns < c.start_ns) {
@@ -778,6 +796,17 @@ mod tests {
         assert_eq!(
             Batch::decode_json(b"[1,2]").expect_err("fails").reason(),
             "malformed"
+        );
+    }
+
+    #[test]
+    fn absurd_ranks_are_refused() {
+        let mut b = sample();
+        b.jobs[0].metrics[0].rank = u32::MAX;
+        let err = Batch::decode_binary(&b.encode_binary()).expect_err("fails");
+        assert!(
+            err.to_string().contains("jobs[0].metrics: rank 4294967295"),
+            "{err}"
         );
     }
 
