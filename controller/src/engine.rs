@@ -156,11 +156,11 @@ impl Engine {
             self.cluster.forget_older_than(now, RETENTION_SECS);
             self.last_forget = now;
         }
-        let verdicts = self.detectors.run(&mut self.cluster, now);
+        let verdicts = self.detectors.run(&self.cluster, now);
         for f in &verdicts.findings {
             *self.stats.findings.entry(f.kind).or_default() += 1;
         }
-        let changes = self.book.fold(verdicts, now, &self.cluster);
+        let changes = self.book.fold(verdicts, now);
         for c in &changes {
             if c.change == Change::Opened {
                 if let Some(inc) = self.book.get(&c.id) {

@@ -13,7 +13,6 @@ use warden_model::{
 
 use crate::detect::Verdicts;
 use crate::engine::{Change, IncidentChange};
-use crate::state::Cluster;
 
 /// Evidence entries kept per incident.
 const MAX_EVIDENCE: usize = 24;
@@ -112,12 +111,7 @@ impl IncidentBook {
     }
 
     /// Fold one pass of findings in at `now`; returns what changed.
-    pub fn fold(
-        &mut self,
-        verdicts: Verdicts,
-        now: Timestamp,
-        _cluster: &Cluster,
-    ) -> Vec<IncidentChange> {
+    pub fn fold(&mut self, verdicts: Verdicts, now: Timestamp) -> Vec<IncidentChange> {
         let mut findings = verdicts.findings;
         findings.sort_by_key(|f| precedence(f.kind));
         let mut changes: Vec<IncidentChange> = Vec::new();
@@ -470,7 +464,7 @@ mod tests {
     }
 
     fn fold(book: &mut IncidentBook, now: f64, fs: Vec<Finding>) -> Vec<IncidentChange> {
-        book.fold(Verdicts { findings: fs }, t(now), &Cluster::default())
+        book.fold(Verdicts { findings: fs }, t(now))
     }
 
     #[test]

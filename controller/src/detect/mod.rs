@@ -129,8 +129,7 @@ impl Detectors {
     }
 
     /// Run every detector at `now`.
-    pub fn run(&mut self, cluster: &mut Cluster, now: Timestamp) -> Verdicts {
-        let cluster: &Cluster = cluster;
+    pub fn run(&mut self, cluster: &Cluster, now: Timestamp) -> Verdicts {
         let c = &self.config;
         let mut out = Verdicts::default();
         let mut push = |v: Verdict| {
