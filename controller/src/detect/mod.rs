@@ -104,13 +104,17 @@ pub struct DetectConfig {
 #[derive(Debug)]
 pub struct Detectors {
     config: DetectConfig,
-    /// Last run and findings of the statistical detectors per job: they look at
-    /// per-iteration samples, so running them more than once a second buys nothing.
+    /// Per job: when the statistical detectors are next due, and their findings.
     heavy: rustc_hash::FxHashMap<String, (Timestamp, Vec<Finding>)>,
 }
 
-/// How often the statistical detectors (straggler, slow link) run per job, seconds.
-const HEAVY_PERIOD_SECS: f64 = 1.0;
+/// How often the statistical detectors (straggler, slow link) run per job, seconds: at
+/// most once a second, and about twice per iteration for fast jobs (they look at
+/// per-iteration samples, so more often buys nothing).
+fn heavy_period_secs(job: &JobState) -> f64 {
+    job.iteration_secs()
+        .map_or(1.0, |p| (p / 2.0).clamp(0.25, 1.0))
+}
 
 /// Output of one pass over everything.
 #[derive(Debug, Default)]
@@ -137,6 +141,7 @@ impl Detectors {
                 out.findings.push(f.normalize());
             }
         };
+        self.heavy.retain(|job, _| cluster.jobs.contains_key(job));
         let mut names: Vec<&String> = cluster.jobs.keys().collect();
         names.sort();
         for name in names {
@@ -156,7 +161,7 @@ impl Detectors {
             let due = self
                 .heavy
                 .get(name.as_str())
-                .is_none_or(|(t, _)| now.secs_since(*t) >= HEAVY_PERIOD_SECS);
+                .is_none_or(|(next, _)| now >= *next);
             if due {
                 let mut found = Vec::new();
                 for v in straggler::check(&c.straggler, w, now)
@@ -167,7 +172,8 @@ impl Detectors {
                         found.push(f);
                     }
                 }
-                self.heavy.insert(name.clone(), (now, found));
+                let next = now.plus_secs(heavy_period_secs(w.job));
+                self.heavy.insert(name.clone(), (next, found));
             }
             if let Some((_, found)) = self.heavy.get(name.as_str()) {
                 for f in found {
