@@ -196,7 +196,10 @@ impl IncidentBook {
         if inc.kind != IncidentKind::GpuFault || inc.state == IncidentState::Resolved {
             return false;
         }
-        let place = if inc.ranks.is_empty() {
+        // Where the stop is pinned to ranks, they must run on the faulty GPU; where it
+        // could only be pinned to nodes (everyone entered, nobody completed), the GPU's
+        // node must be among them.
+        let place = if inc.ranks.is_empty() || f.ranks.is_empty() {
             intersects(&inc.nodes, &f.nodes)
         } else {
             intersects(&inc.ranks, &f.ranks) && (inc.job == f.job || inc.job.is_none())
@@ -566,6 +569,28 @@ mod tests {
         );
         let kinds: Vec<IncidentKind> = b.all().iter().map(|i| i.kind).collect();
         assert_eq!(kinds, vec![IncidentKind::GpuFault, IncidentKind::Hang]);
+    }
+
+    #[test]
+    fn a_hang_inside_a_collective_on_a_node_with_a_fatal_xid_is_that_fault() {
+        let mut b = IncidentBook::default();
+        fold(
+            &mut b,
+            1.0,
+            vec![finding(
+                IncidentKind::GpuFault,
+                &[75],
+                "node-09",
+                Some(3),
+                0.5,
+                0.99,
+            )],
+        );
+        let mut hang = finding(IncidentKind::Hang, &[], "node-09", None, 0.4, 0.3);
+        hang.nodes.push("node-10".into());
+        fold(&mut b, 5.0, vec![hang]);
+        assert_eq!(b.all().len(), 1, "{:?}", b.all());
+        assert_eq!(b.all()[0].kind, IncidentKind::GpuFault);
     }
 
     #[test]
