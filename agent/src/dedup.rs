@@ -94,8 +94,10 @@ impl Deduper {
     }
 
     /// Record one sighting at `at_ns` (agent clock, ns since the Unix epoch). Returns
-    /// the event to ship the first time it is seen in this boot, `None` for a repeat
-    /// (or when the key table is full, which [`Deduper::overflow`] counts).
+    /// the event to ship the first time it is seen in this boot, `None` for a repeat.
+    /// When the key table is full, a new event takes the place of the least severe
+    /// tracked one if it is more severe, and is dropped otherwise; both are counted by
+    /// [`Deduper::overflow`].
     pub fn observe(&mut self, ev: &KernelEvent, at_ns: i64) -> Option<NodeEvent> {
         let key = key_of(ev);
         if let Some(slot) = self.slots.get_mut(&key) {
@@ -103,8 +105,21 @@ impl Deduper {
             return None;
         }
         if self.slots.len() >= self.max_keys {
+            // Full: a more severe event takes the place of the least severe one, so a
+            // flood of warnings can never hide a fatal XID.
+            let weakest = self
+                .slots
+                .iter()
+                .min_by_key(|(_, s)| (s.event.severity, s.event.id))
+                .filter(|(_, s)| s.event.severity < ev.severity as i32)
+                .map(|(k, _)| k.clone());
             self.overflow += 1;
-            return None;
+            match weakest {
+                Some(k) => {
+                    self.slots.remove(&k);
+                }
+                None => return None,
+            }
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -291,6 +306,23 @@ mod tests {
             shipped += usize::from(d.observe(&ev, 1).is_some());
         }
         assert_eq!((shipped, d.distinct(), d.overflow()), (4, 4, 6));
+    }
+
+    #[test]
+    fn a_full_table_still_ships_a_more_severe_event() {
+        let mut d = Deduper::with_max_keys("b", 2);
+        for bus in 0..5u32 {
+            let line = format!("NVRM: Xid (PCI:0000:{bus:02x}:00): 13, Graphics Exception");
+            let ev = parse_line(&line).expect("recognised");
+            d.observe(&ev, 1);
+        }
+        let fatal = parse_line("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.")
+            .expect("recognised");
+        let shipped = d
+            .observe(&fatal, 2)
+            .expect("a fatal XID is shipped even when full");
+        assert_eq!(shipped.code, Some(79));
+        assert_eq!(d.distinct(), 2);
     }
 
     #[test]
