@@ -404,10 +404,6 @@ pub struct JobState {
     /// Communicators.
     pub comms: Vec<CommState>,
     comm_index: FxHashMap<u64, u32>,
-    /// Bumped whenever compute samples change (lets detectors skip idle passes).
-    pub compute_version: u64,
-    /// Bumped whenever transfer samples change.
-    pub xfer_version: u64,
     /// When a batch last carried anything about this job (controller clock).
     pub last_heard: Timestamp,
 }
@@ -985,7 +981,6 @@ fn apply_collective(
     m.completions = m.completions.saturating_add(1);
     if ev.xfer_ns > 0 {
         m.xfer.push(ev.xfer_ns as f32 / 1e9);
-        job.xfer_version += 1;
     }
     let completions = m.completions;
     let end_at = m.last_completed_at;
@@ -1023,7 +1018,6 @@ fn apply_collective(
                 period: period as f32 / 1e9,
                 at: end_at,
             });
-            job.compute_version += 1;
         }
         rank.period_start_ns = ev.end_ns;
         rank.period_wait_ns = 0;

@@ -16,11 +16,9 @@ use warden_model::{Finding, Timestamp};
 
 use crate::state::{Cluster, JobState};
 
-/// A detector's answer for one job.
+/// A detector's answer for one job; a detector that finds nothing returns none.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Verdict {
-    /// Nothing wrong.
-    Ok,
     /// Something may be wrong but the evidence is not complete yet.
     NeedMoreData,
     /// Something is wrong.

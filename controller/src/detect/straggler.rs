@@ -136,10 +136,12 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
     if per_rank.len() < 4 {
         return None;
     }
-    let mut medians: Vec<f64> = per_rank
-        .iter()
-        .filter_map(|(_, v)| median(&mut v.clone()))
+    // Each rank's median, taken once (`median` reorders a copy; the samples stay).
+    let per_rank: Vec<(u32, f64, Vec<f64>)> = per_rank
+        .into_iter()
+        .filter_map(|(r, v)| median(&mut v.clone()).map(|m| (r, m, v)))
         .collect();
+    let mut medians: Vec<f64> = per_rank.iter().map(|(_, m, _)| *m).collect();
     let base = median(&mut medians)?;
     if base <= 1e-6 {
         return None;
@@ -147,10 +149,8 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
     let mut ratios = Vec::with_capacity(per_rank.len());
     let mut all = Vec::with_capacity(per_rank.len() * window);
     let mut by_node: std::collections::BTreeMap<u32, (Vec<u32>, Vec<f64>)> = Default::default();
-    for (r, v) in per_rank {
-        if let Some(m) = median(&mut v.clone()) {
-            ratios.push((r, m / base));
-        }
+    for (r, m, v) in per_rank {
+        ratios.push((r, m / base));
         let e = by_node.entry(job.ranks[r as usize].node).or_default();
         e.0.push(r);
         e.1.extend(v.iter().map(|x| x / base));
