@@ -3,6 +3,7 @@
 //!
 //! This crate does no IO and knows no runtime: every other crate speaks through it.
 
+pub mod config;
 pub mod ids;
 pub mod incident;
 pub mod time;

@@ -511,6 +511,25 @@ mod nonfinite {
     }
 }
 
+/// Binary form of a batch sealed with [`Batch::seal`], stamped with `sent_at_ns`, written
+/// to `out` (cleared first). Protobuf merges a field that follows the payload into it, so
+/// the stamp is appended rather than re-encoding the batch.
+pub fn frame_sealed(payload: &[u8], sent_at_ns: i64, out: &mut Vec<u8>) {
+    let stamp = Batch {
+        sent_at_ns,
+        ..Batch::default()
+    };
+    let len = payload.len() + stamp.encoded_len();
+    out.clear();
+    out.reserve(ENVELOPE_LEN + len);
+    out.put_slice(MAGIC);
+    out.put_u8(WIRE_VERSION);
+    out.put_u32_le(len as u32);
+    out.put_slice(payload);
+    // Encoding into a Vec cannot run out of capacity.
+    let _ = stamp.encode(out);
+}
+
 /// Largest node or job name accepted.
 pub const MAX_NAME_LEN: usize = 253;
 /// Ranks at or above this are refused (the controller indexes ranks densely; the
@@ -535,6 +554,15 @@ impl Batch {
         out.put_u32_le(len as u32);
         // Encoding into a Vec cannot run out of capacity.
         let _ = self.encode(out);
+    }
+
+    /// The protobuf payload without `sent_at_ns`, for a batch built now and sent later:
+    /// [`frame_sealed`] stamps the send time when it goes out, so a batch kept through
+    /// an outage does not carry a stale clock reading.
+    pub fn seal(&self) -> Vec<u8> {
+        let mut b = self.clone();
+        b.sent_at_ns = 0;
+        b.encode_to_vec()
     }
 
     /// JSON form (pretty enough to read).
@@ -666,6 +694,32 @@ fn json_error(e: serde_json::Error) -> DecodeError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sealed_batch_is_stamped_at_send_time() {
+        let b = Batch {
+            node: "n1".into(),
+            agent_id: "a".into(),
+            boot_id: "b".into(),
+            seq: 7,
+            sent_at_ns: 111,
+            heartbeat: Some(Heartbeat::default()),
+            ..Batch::default()
+        };
+        let payload = b.seal();
+        let mut out = Vec::new();
+        frame_sealed(&payload, 5_000_000_000, &mut out);
+        let back = Batch::decode_binary(&out).expect("decodes");
+        assert_eq!(back.sent_at_ns, 5_000_000_000);
+        assert_eq!(back.seq, 7);
+        assert_eq!(
+            Batch {
+                sent_at_ns: 5_000_000_000,
+                ..b
+            },
+            back
+        );
+    }
+
     use super::*;
 
     fn sample() -> Batch {
