@@ -8,9 +8,12 @@
 //!
 //! NVML: [`nvml`] samples every GPU (utilisation, memory, temperature, power, clocks,
 //! throttling, ECC, retired pages, remapped rows, PCIe, NVLink), receives XID events
-//! from NVML's event set and turns counter jumps between samples into events.
+//! from NVML's event set and turns counter jumps between samples into events;
+//! [`gpu_metrics`] exports the readings to Prometheus, optionally under dcgm-exporter's
+//! names as well.
 
 pub mod dedup;
+pub mod gpu_metrics;
 pub mod kmsg;
 pub mod nvml;
 pub mod pci;
