@@ -1,0 +1,711 @@
+//! Prometheus metrics for NVML readings: Warden's `warden_gpu_*` series and, when
+//! asked, the `DCGM_FI_DEV_*` names of NVIDIA's dcgm-exporter so that existing
+//! dashboards work unchanged. A reading NVML does not give has no series; a GPU that
+//! disappears has all its series removed. `agent/METRICS-gpu.md` lists every metric.
+
+use std::sync::{Mutex, PoisonError};
+
+use prometheus::{Gauge, GaugeVec, Opts, Registry};
+use warden_model::wire::{NodeEvent, NodeEventKind};
+
+use crate::nvml::{GpuReading, throttle};
+
+/// Labels on every per-GPU `warden_gpu_*` series.
+const GPU_LABELS: [&str; 3] = ["gpu", "uuid", "pci_bus_id"];
+/// Labels on every `DCGM_FI_DEV_*` series, as dcgm-exporter names them.
+const DCGM_LABELS: [&str; 6] = [
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+];
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// What [`GpuMetrics`] exports besides Warden's own series.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuMetricsOptions {
+    /// Also export dcgm-exporter's names (`DCGM_FI_DEV_*`) and labels.
+    pub dcgm_compat: bool,
+    /// The node's name, for dcgm-exporter's `Hostname` label.
+    pub hostname: String,
+}
+
+/// One GPU's label values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Labels {
+    gpu: String,
+    uuid: String,
+    pci_bus_id: String,
+    name: String,
+}
+
+impl Labels {
+    fn of(r: &GpuReading) -> Self {
+        Labels {
+            gpu: r.index.to_string(),
+            uuid: r.uuid.clone(),
+            pci_bus_id: r.pci_bus_id.clone(),
+            name: r.name.clone(),
+        }
+    }
+
+    fn base(&self) -> [&str; 3] {
+        [&self.gpu, &self.uuid, &self.pci_bus_id]
+    }
+
+    fn with<'a>(&'a self, extra: &'a str) -> [&'a str; 4] {
+        [&self.gpu, &self.uuid, &self.pci_bus_id, extra]
+    }
+
+    fn with2<'a>(&'a self, a: &'a str, b: &'a str) -> [&'a str; 5] {
+        [&self.gpu, &self.uuid, &self.pci_bus_id, a, b]
+    }
+}
+
+/// Set the series `labels` of `vec` to `v`, or remove it when `v` is `None`.
+fn put(vec: &GaugeVec, labels: &[&str], v: Option<f64>) {
+    match v {
+        Some(v) => {
+            // Fails only on a label count that does not match the vector's, which
+            // the code here fixes.
+            if let Ok(g) = vec.get_metric_with_label_values(labels) {
+                g.set(v);
+            }
+        }
+        None => {
+            // Absent already is fine.
+            let _ = vec.remove_label_values(labels);
+        }
+    }
+}
+
+fn num<T: Into<f64>>(v: Option<T>) -> Option<f64> {
+    v.map(Into::into)
+}
+
+fn count(v: Option<u64>) -> Option<f64> {
+    v.map(|v| v as f64)
+}
+
+fn flag(v: Option<bool>) -> Option<f64> {
+    v.map(|b| if b { 1.0 } else { 0.0 })
+}
+
+fn new_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<GaugeVec, prometheus::Error> {
+    let vec = GaugeVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(vec.clone()))?;
+    Ok(vec)
+}
+
+#[derive(Debug)]
+struct WardenSeries {
+    info: GaugeVec,
+    utilization: GaugeVec,
+    memory_utilization: GaugeVec,
+    memory_used: GaugeVec,
+    memory_free: GaugeVec,
+    memory_total: GaugeVec,
+    temperature: GaugeVec,
+    power: GaugeVec,
+    sm_clock: GaugeVec,
+    memory_clock: GaugeVec,
+    throttle_reason: GaugeVec,
+    ecc_errors: GaugeVec,
+    retired_pages: GaugeVec,
+    retired_pages_pending: GaugeVec,
+    remapped_rows: GaugeVec,
+    remapped_rows_pending: GaugeVec,
+    remapped_rows_failure: GaugeVec,
+    pcie_replays: GaugeVec,
+    pcie_link_gen: GaugeVec,
+    pcie_link_width: GaugeVec,
+    nvlink_errors: GaugeVec,
+}
+
+impl WardenSeries {
+    fn new(r: &Registry) -> Result<Self, prometheus::Error> {
+        let g = |name, help| new_vec(r, name, help, &GPU_LABELS);
+        let with = |name, help, extra: &[&str]| {
+            let labels: Vec<&str> = GPU_LABELS.iter().chain(extra).copied().collect();
+            new_vec(r, name, help, &labels)
+        };
+        Ok(WardenSeries {
+            info: with(
+                "warden_gpu_info",
+                "GPU present, with its product name (always 1).",
+                &["name"],
+            )?,
+            utilization: g(
+                "warden_gpu_utilization_ratio",
+                "Fraction of the last sample period in which a kernel ran on the GPU.",
+            )?,
+            memory_utilization: g(
+                "warden_gpu_memory_utilization_ratio",
+                "Fraction of the last sample period in which device memory was read or written.",
+            )?,
+            memory_used: g("warden_gpu_memory_used_bytes", "Device memory in use.")?,
+            memory_free: g("warden_gpu_memory_free_bytes", "Device memory free.")?,
+            memory_total: g("warden_gpu_memory_total_bytes", "Device memory in all.")?,
+            temperature: g("warden_gpu_temperature_celsius", "GPU die temperature.")?,
+            power: g("warden_gpu_power_watts", "GPU power draw.")?,
+            sm_clock: g("warden_gpu_sm_clock_hertz", "SM clock.")?,
+            memory_clock: g("warden_gpu_memory_clock_hertz", "Memory clock.")?,
+            throttle_reason: with(
+                "warden_gpu_throttle_reason",
+                "1 while NVML reports this clock throttle reason, else 0.",
+                &["reason"],
+            )?,
+            ecc_errors: with(
+                "warden_gpu_ecc_errors",
+                "ECC errors as NVML counts them (volatile: since the driver loaded; aggregate: lifetime).",
+                &["type", "scope"],
+            )?,
+            retired_pages: with(
+                "warden_gpu_retired_pages",
+                "Device memory pages retired, by cause (GPUs before Ampere).",
+                &["cause"],
+            )?,
+            retired_pages_pending: g(
+                "warden_gpu_retired_pages_pending",
+                "1 while pages wait for a GPU reset to be retired.",
+            )?,
+            remapped_rows: with(
+                "warden_gpu_remapped_rows",
+                "Device memory rows remapped, by the error that caused it (Ampere and newer).",
+                &["type"],
+            )?,
+            remapped_rows_pending: g(
+                "warden_gpu_remapped_rows_pending",
+                "1 while a row remapping waits for a GPU reset.",
+            )?,
+            remapped_rows_failure: g(
+                "warden_gpu_remapped_rows_failure",
+                "1 once a row remapping has failed (the GPU needs service).",
+            )?,
+            pcie_replays: g("warden_gpu_pcie_replays", "PCIe replay counter.")?,
+            pcie_link_gen: g(
+                "warden_gpu_pcie_link_generation",
+                "Current PCIe link generation.",
+            )?,
+            pcie_link_width: g(
+                "warden_gpu_pcie_link_width_lanes",
+                "Current PCIe link width.",
+            )?,
+            nvlink_errors: with(
+                "warden_gpu_nvlink_errors",
+                "NVLink errors summed over the GPU's links, by counter.",
+                &["counter"],
+            )?,
+        })
+    }
+
+    /// Set every series of `l` from `r`; `None` readings (or `r == None`, a GPU that
+    /// went away) remove theirs.
+    fn set(&self, l: &Labels, r: Option<&GpuReading>) {
+        let b = l.base();
+        let get = |f: fn(&GpuReading) -> Option<f64>| r.and_then(f);
+        put(&self.info, &l.with(&l.name), r.map(|_| 1.0));
+        put(
+            &self.utilization,
+            &b,
+            get(|r| r.util_gpu_pct.map(|p| f64::from(p) / 100.0)),
+        );
+        put(
+            &self.memory_utilization,
+            &b,
+            get(|r| r.util_mem_pct.map(|p| f64::from(p) / 100.0)),
+        );
+        put(&self.memory_used, &b, get(|r| count(r.mem_used_bytes)));
+        put(&self.memory_free, &b, get(|r| count(r.mem_free_bytes)));
+        put(&self.memory_total, &b, get(|r| count(r.mem_total_bytes)));
+        put(&self.temperature, &b, get(|r| num(r.temp_c)));
+        put(&self.power, &b, get(|r| r.power_w));
+        put(
+            &self.sm_clock,
+            &b,
+            get(|r| r.sm_clock_mhz.map(|c| f64::from(c) * 1e6)),
+        );
+        put(
+            &self.memory_clock,
+            &b,
+            get(|r| r.mem_clock_mhz.map(|c| f64::from(c) * 1e6)),
+        );
+        let mask = r.and_then(|r| r.throttle_reasons);
+        for (bit, reason) in throttle::REASONS {
+            put(
+                &self.throttle_reason,
+                &l.with(reason),
+                mask.map(|m| if m & bit != 0 { 1.0 } else { 0.0 }),
+            );
+        }
+        let ecc = r.map(|r| r.ecc).unwrap_or_default();
+        put(
+            &self.ecc_errors,
+            &l.with2("corrected", "volatile"),
+            count(ecc.corrected_volatile),
+        );
+        put(
+            &self.ecc_errors,
+            &l.with2("uncorrected", "volatile"),
+            count(ecc.uncorrected_volatile),
+        );
+        put(
+            &self.ecc_errors,
+            &l.with2("corrected", "aggregate"),
+            count(ecc.corrected_aggregate),
+        );
+        put(
+            &self.ecc_errors,
+            &l.with2("uncorrected", "aggregate"),
+            count(ecc.uncorrected_aggregate),
+        );
+        let pages = r.map(|r| r.retired_pages).unwrap_or_default();
+        put(
+            &self.retired_pages,
+            &l.with("single_bit"),
+            count(pages.single_bit),
+        );
+        put(
+            &self.retired_pages,
+            &l.with("double_bit"),
+            count(pages.double_bit),
+        );
+        put(&self.retired_pages_pending, &b, flag(pages.pending));
+        let rows = r.map(|r| r.remapped_rows).unwrap_or_default();
+        put(
+            &self.remapped_rows,
+            &l.with("correctable"),
+            count(rows.correctable),
+        );
+        put(
+            &self.remapped_rows,
+            &l.with("uncorrectable"),
+            count(rows.uncorrectable),
+        );
+        put(&self.remapped_rows_pending, &b, flag(rows.pending));
+        put(&self.remapped_rows_failure, &b, flag(rows.failure));
+        put(&self.pcie_replays, &b, get(|r| count(r.pcie_replays)));
+        put(&self.pcie_link_gen, &b, get(|r| num(r.pcie_link_gen)));
+        put(&self.pcie_link_width, &b, get(|r| num(r.pcie_link_width)));
+        let links = r.map(|r| r.nvlink).unwrap_or_default();
+        put(
+            &self.nvlink_errors,
+            &l.with("crc_flit"),
+            count(links.crc_flit),
+        );
+        put(
+            &self.nvlink_errors,
+            &l.with("crc_data"),
+            count(links.crc_data),
+        );
+        put(&self.nvlink_errors, &l.with("replay"), count(links.replay));
+        put(
+            &self.nvlink_errors,
+            &l.with("recovery"),
+            count(links.recovery),
+        );
+    }
+}
+
+#[derive(Debug)]
+struct DcgmSeries {
+    hostname: String,
+    gpu_util: GaugeVec,
+    fb_used: GaugeVec,
+    fb_free: GaugeVec,
+    gpu_temp: GaugeVec,
+    power_usage: GaugeVec,
+    sm_clock: GaugeVec,
+    mem_clock: GaugeVec,
+    ecc_sbe_vol: GaugeVec,
+    ecc_dbe_vol: GaugeVec,
+    ecc_sbe_agg: GaugeVec,
+    ecc_dbe_agg: GaugeVec,
+    retired_sbe: GaugeVec,
+    retired_dbe: GaugeVec,
+    pcie_replay: GaugeVec,
+    nvlink_crc_flit: GaugeVec,
+    xid_errors: GaugeVec,
+}
+
+impl DcgmSeries {
+    fn new(r: &Registry, hostname: String) -> Result<Self, prometheus::Error> {
+        let g = |name, help| new_vec(r, name, help, &DCGM_LABELS);
+        Ok(DcgmSeries {
+            hostname,
+            gpu_util: g("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")?,
+            fb_used: g("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")?,
+            fb_free: g("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")?,
+            gpu_temp: g("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")?,
+            power_usage: g("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")?,
+            sm_clock: g("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")?,
+            mem_clock: g("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).")?,
+            ecc_sbe_vol: g(
+                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                "Total number of single-bit volatile ECC errors.",
+            )?,
+            ecc_dbe_vol: g(
+                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                "Total number of double-bit volatile ECC errors.",
+            )?,
+            ecc_sbe_agg: g(
+                "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+                "Total number of single-bit persistent ECC errors.",
+            )?,
+            ecc_dbe_agg: g(
+                "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+                "Total number of double-bit persistent ECC errors.",
+            )?,
+            retired_sbe: g(
+                "DCGM_FI_DEV_RETIRED_SBE",
+                "Total number of retired pages due to single-bit errors.",
+            )?,
+            retired_dbe: g(
+                "DCGM_FI_DEV_RETIRED_DBE",
+                "Total number of retired pages due to double-bit errors.",
+            )?,
+            pcie_replay: g(
+                "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                "Total number of PCIe retries.",
+            )?,
+            nvlink_crc_flit: g(
+                "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                "Total number of NVLink flow-control CRC errors.",
+            )?,
+            xid_errors: g(
+                "DCGM_FI_DEV_XID_ERRORS",
+                "Value of the last XID error encountered.",
+            )?,
+        })
+    }
+
+    fn labels<'a>(&'a self, l: &'a Labels, device: &'a str) -> [&'a str; 6] {
+        [
+            &l.gpu,
+            &l.uuid,
+            &l.pci_bus_id,
+            device,
+            &l.name,
+            &self.hostname,
+        ]
+    }
+
+    fn set(&self, l: &Labels, r: Option<&GpuReading>, first: bool) {
+        let device = format!("nvidia{}", l.gpu);
+        let d = self.labels(l, &device);
+        let get = |f: fn(&GpuReading) -> Option<f64>| r.and_then(f);
+        put(&self.gpu_util, &d, get(|r| num(r.util_gpu_pct)));
+        put(
+            &self.fb_used,
+            &d,
+            get(|r| r.mem_used_bytes.map(|b| (b as f64 / MIB).round())),
+        );
+        put(
+            &self.fb_free,
+            &d,
+            get(|r| r.mem_free_bytes.map(|b| (b as f64 / MIB).round())),
+        );
+        put(&self.gpu_temp, &d, get(|r| num(r.temp_c)));
+        put(&self.power_usage, &d, get(|r| r.power_w));
+        put(&self.sm_clock, &d, get(|r| num(r.sm_clock_mhz)));
+        put(&self.mem_clock, &d, get(|r| num(r.mem_clock_mhz)));
+        put(
+            &self.ecc_sbe_vol,
+            &d,
+            get(|r| count(r.ecc.corrected_volatile)),
+        );
+        put(
+            &self.ecc_dbe_vol,
+            &d,
+            get(|r| count(r.ecc.uncorrected_volatile)),
+        );
+        put(
+            &self.ecc_sbe_agg,
+            &d,
+            get(|r| count(r.ecc.corrected_aggregate)),
+        );
+        put(
+            &self.ecc_dbe_agg,
+            &d,
+            get(|r| count(r.ecc.uncorrected_aggregate)),
+        );
+        put(
+            &self.retired_sbe,
+            &d,
+            get(|r| count(r.retired_pages.single_bit)),
+        );
+        put(
+            &self.retired_dbe,
+            &d,
+            get(|r| count(r.retired_pages.double_bit)),
+        );
+        put(&self.pcie_replay, &d, get(|r| count(r.pcie_replays)));
+        put(&self.nvlink_crc_flit, &d, get(|r| count(r.nvlink.crc_flit)));
+        // dcgm-exporter shows 0 until the first XID.
+        if r.is_none() {
+            put(&self.xid_errors, &d, None);
+        } else if first {
+            put(&self.xid_errors, &d, Some(0.0));
+        }
+    }
+
+    fn set_xid(&self, l: &Labels, code: u32) {
+        let device = format!("nvidia{}", l.gpu);
+        put(
+            &self.xid_errors,
+            &self.labels(l, &device),
+            Some(f64::from(code)),
+        );
+    }
+}
+
+/// The GPU metrics of one agent.
+#[derive(Debug)]
+pub struct GpuMetrics {
+    up: Gauge,
+    warden: WardenSeries,
+    dcgm: Option<DcgmSeries>,
+    /// The GPUs of the last [`GpuMetrics::observe`].
+    known: Mutex<Vec<Labels>>,
+}
+
+impl GpuMetrics {
+    /// Register the metrics in `registry`; fails if a name is registered already.
+    pub fn new(registry: &Registry, options: GpuMetricsOptions) -> Result<Self, prometheus::Error> {
+        let up = Gauge::with_opts(Opts::new(
+            "warden_gpu_collector_up",
+            "1 while the NVML collector works, else 0.",
+        ))?;
+        registry.register(Box::new(up.clone()))?;
+        let warden = WardenSeries::new(registry)?;
+        let dcgm = if options.dcgm_compat {
+            Some(DcgmSeries::new(registry, options.hostname)?)
+        } else {
+            None
+        };
+        Ok(GpuMetrics {
+            up,
+            warden,
+            dcgm,
+            known: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Whether the NVML collector works (`warden_gpu_collector_up`).
+    pub fn set_collector_up(&self, up: bool) {
+        self.up.set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// Show `readings`, one per GPU; the series of GPUs not among them are removed.
+    pub fn observe(&self, readings: &[GpuReading]) {
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        let now: Vec<Labels> = readings.iter().map(Labels::of).collect();
+        for gone in known.iter().filter(|l| !now.contains(l)) {
+            self.warden.set(gone, None);
+            if let Some(d) = &self.dcgm {
+                d.set(gone, None, false);
+            }
+        }
+        for (l, r) in now.iter().zip(readings) {
+            self.warden.set(l, Some(r));
+            if let Some(d) = &self.dcgm {
+                d.set(l, Some(r), !known.contains(l));
+            }
+        }
+        *known = now;
+    }
+
+    /// With dcgm-exporter names on, show an XID event in `DCGM_FI_DEV_XID_ERRORS` of
+    /// its GPU (the last XID, as dcgm-exporter does). Other events, and XIDs of GPUs
+    /// not seen by [`GpuMetrics::observe`], are ignored.
+    pub fn observe_xid(&self, event: &NodeEvent) {
+        let Some(dcgm) = &self.dcgm else { return };
+        if event.kind != NodeEventKind::Xid as i32 {
+            return;
+        }
+        let (Some(index), Some(code)) = (event.gpu_index, event.code) else {
+            return;
+        };
+        let index = index.to_string();
+        let known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(l) = known.iter().find(|l| l.gpu == index) {
+            dcgm.set_xid(l, code);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus::{Encoder, TextEncoder};
+
+    use super::*;
+    use crate::nvml::{GpuIdentity, NvlinkErrors, xid_event};
+
+    fn reading(index: u32) -> GpuReading {
+        let id = GpuIdentity {
+            index,
+            uuid: format!("GPU-{index}"),
+            pci_bus_id: format!("0000:{:02x}:00", 0x18 + index),
+            name: "NVIDIA H100 80GB HBM3".to_owned(),
+        };
+        let mut r = GpuReading::new(&id, 0);
+        r.util_gpu_pct = Some(50);
+        r.mem_used_bytes = Some(2 * 1024 * 1024 * 1024);
+        r.mem_free_bytes = Some(1024 * 1024 * 1024);
+        r.temp_c = Some(64);
+        r.sm_clock_mhz = Some(1980);
+        r.throttle_reasons = Some(throttle::SW_POWER_CAP | throttle::HW_THERMAL_SLOWDOWN);
+        r.ecc.uncorrected_volatile = Some(2);
+        r.nvlink = NvlinkErrors {
+            crc_flit: Some(7),
+            ..NvlinkErrors::default()
+        };
+        r
+    }
+
+    fn text(reg: &Registry) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&reg.gather(), &mut buf)
+            .expect("text encoding");
+        String::from_utf8(buf).expect("utf-8 metrics")
+    }
+
+    /// The value of the series whose line starts with `series`.
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// The value of the series `name` of GPU 3 with the extra labels `extra`.
+    fn gpu3(text: &str, name: &str, extra: &[(&str, &str)]) -> Option<f64> {
+        let mut labels = vec![
+            ("gpu", "3"),
+            ("pci_bus_id", "0000:1b:00"),
+            ("uuid", "GPU-3"),
+        ];
+        labels.extend_from_slice(extra);
+        // The text format writes labels sorted by name.
+        labels.sort_unstable();
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        value(text, &format!("{name}{{{}}}", labels.join(",")))
+    }
+
+    #[test]
+    fn readings_become_series_in_base_units() {
+        let reg = Registry::new();
+        let m = GpuMetrics::new(&reg, GpuMetricsOptions::default()).expect("metrics");
+        m.set_collector_up(true);
+        m.observe(&[reading(3)]);
+        let t = text(&reg);
+        let v = |name: &str| gpu3(&t, name, &[]);
+        assert_eq!(value(&t, "warden_gpu_collector_up"), Some(1.0));
+        assert_eq!(v("warden_gpu_utilization_ratio"), Some(0.5));
+        assert_eq!(v("warden_gpu_temperature_celsius"), Some(64.0));
+        assert_eq!(v("warden_gpu_sm_clock_hertz"), Some(1.98e9));
+        assert_eq!(v("warden_gpu_memory_used_bytes"), Some(2147483648.0));
+        let ecc = [("scope", "volatile"), ("type", "uncorrected")];
+        assert_eq!(gpu3(&t, "warden_gpu_ecc_errors", &ecc), Some(2.0));
+        let flit = [("counter", "crc_flit")];
+        assert_eq!(gpu3(&t, "warden_gpu_nvlink_errors", &flit), Some(7.0));
+        for (reason, want) in [
+            ("hw_thermal_slowdown", 1.0),
+            ("sw_power_cap", 1.0),
+            ("gpu_idle", 0.0),
+        ] {
+            let got = gpu3(&t, "warden_gpu_throttle_reason", &[("reason", reason)]);
+            assert_eq!(got, Some(want), "{reason}");
+        }
+        // Not read: no series at all.
+        for absent in [
+            "warden_gpu_power_watts{",
+            "warden_gpu_pcie_replays{",
+            "warden_gpu_retired_pages{",
+            r#"warden_gpu_nvlink_errors{counter="replay""#,
+            "DCGM_",
+        ] {
+            assert!(
+                !t.lines().any(|l| l.starts_with(absent)),
+                "{absent} in\n{t}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_gpu_that_disappears_loses_its_series() {
+        let reg = Registry::new();
+        let m = GpuMetrics::new(
+            &reg,
+            GpuMetricsOptions {
+                dcgm_compat: true,
+                hostname: "node1".to_owned(),
+            },
+        )
+        .expect("metrics");
+        m.observe(&[reading(3), reading(4)]);
+        assert!(text(&reg).contains(r#"uuid="GPU-4""#));
+        m.observe(&[reading(3)]);
+        let t = text(&reg);
+        assert!(!t.contains(r#"uuid="GPU-4""#), "{t}");
+        assert!(!t.contains(r#"UUID="GPU-4""#), "{t}");
+        assert!(t.contains(r#"uuid="GPU-3""#));
+    }
+
+    #[test]
+    fn dcgm_names_units_and_labels() {
+        let reg = Registry::new();
+        let m = GpuMetrics::new(
+            &reg,
+            GpuMetricsOptions {
+                dcgm_compat: true,
+                hostname: "node1".to_owned(),
+            },
+        )
+        .expect("metrics");
+        m.observe(&[reading(3)]);
+        let labels = r#"{Hostname="node1",UUID="GPU-3",device="nvidia3",gpu="3",modelName="NVIDIA H100 80GB HBM3",pci_bus_id="0000:1b:00"}"#;
+        let t = text(&reg);
+        let v = |name: &str| value(&t, &format!("{name}{labels}"));
+        assert_eq!(v("DCGM_FI_DEV_GPU_UTIL"), Some(50.0));
+        assert_eq!(v("DCGM_FI_DEV_FB_USED"), Some(2048.0));
+        assert_eq!(v("DCGM_FI_DEV_FB_FREE"), Some(1024.0));
+        assert_eq!(v("DCGM_FI_DEV_SM_CLOCK"), Some(1980.0));
+        assert_eq!(v("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"), Some(2.0));
+        assert_eq!(
+            v("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
+            Some(7.0)
+        );
+        assert_eq!(v("DCGM_FI_DEV_XID_ERRORS"), Some(0.0));
+        assert_eq!(v("DCGM_FI_DEV_POWER_USAGE"), None);
+
+        let mut r = reading(3);
+        m.observe_xid(&xid_event(Some(&r.identity()), 79, 0));
+        // Another sample does not reset the last XID.
+        r.temp_c = Some(70);
+        m.observe(&[r]);
+        let t = text(&reg);
+        assert_eq!(
+            value(&t, &format!("DCGM_FI_DEV_XID_ERRORS{labels}")),
+            Some(79.0)
+        );
+        assert_eq!(
+            value(&t, &format!("DCGM_FI_DEV_GPU_TEMP{labels}")),
+            Some(70.0)
+        );
+    }
+
+    #[test]
+    fn registering_twice_in_one_registry_is_an_error() {
+        let reg = Registry::new();
+        let _first = GpuMetrics::new(&reg, GpuMetricsOptions::default()).expect("metrics");
+        assert!(GpuMetrics::new(&reg, GpuMetricsOptions::default()).is_err());
+    }
+}
