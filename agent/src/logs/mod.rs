@@ -12,15 +12,21 @@
 //!   kept together as one record.
 //! - [`attribution`]: which job and rank a line belongs to, from the source config, the
 //!   path and the line's own prefix.
+//! - [`extract`]: step, loss, grad norm and throughput from framework log lines, with
+//!   presets shipped as data in `rules/log-presets.yaml` ([`presets`]), and the PyTorch
+//!   NCCL / gloo watchdog lines as structured [`Watchdog`] reports.
 //!
 //! Nothing here spawns a thread or sleeps: the agent runtime calls [`Tailer::poll`] with
-//! the current time every ~250 ms from a blocking task.
+//! the current time every ~250 ms from a blocking task and hands each [`LogLine`] to an
+//! [`Extractor`].
 
 pub mod attribution;
 pub mod config;
 pub mod cri;
+pub mod extract;
 mod linebuf;
 pub mod multiline;
+pub mod presets;
 pub mod tail;
 
 use std::sync::Arc;
@@ -31,6 +37,11 @@ pub use config::{
     ConfigError, CustomPattern, Format, MultilineConfig, SourceConfig, StartAt, StreamName,
     TailConfig,
 };
+pub use extract::{
+    Backend, Extracted, Extractor, StepMetric, Throughput, ThroughputUnit, Watchdog, WatchdogKind,
+    parse_watchdog,
+};
+pub use presets::{PresetCatalog, PresetError};
 pub use tail::{TailCounters, Tailer};
 
 /// One record read from a training log: a single line, or a whole Python traceback.
@@ -39,7 +50,7 @@ pub struct LogLine {
     /// The file it was read from.
     pub source: Arc<str>,
     /// Index of the [`SourceConfig`] in [`TailConfig::sources`] whose glob matched the
-    /// file.
+    /// file (the [`Extractor`] uses it to pick presets).
     pub source_index: usize,
     /// The job the line belongs to, when known (see [`attribution`] for the order of
     /// precedence).
