@@ -492,3 +492,81 @@ fn bad_config_is_refused_with_every_problem() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_file_seen_through_a_symlink_and_directly_is_read_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let real = dir.path().join("pods");
+    let links = dir.path().join("containers");
+    fs::create_dir_all(&real).expect("mkdir");
+    fs::create_dir_all(&links).expect("mkdir");
+    let log = real.join("0.log");
+    append(&log, b"once\n");
+    std::os::unix::fs::symlink(&log, links.join("pod_ns_c.log")).expect("symlink");
+    let mut t = tailer(config(&[&links.join("*.log"), &real.join("*.log")]));
+    assert_eq!(texts(&poll(&mut t, T0)), ["once"]);
+    assert_eq!(t.open_files().len(), 1);
+}
+
+#[test]
+fn cri_progress_bar_pieces_become_lines_with_their_times() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("0.log");
+    append(
+        &log,
+        "2024-05-01T12:00:00Z stderr P \rEpoch 0:   1%|          | 1/100 [00:01<01:39,  1.00it/s]\r\n\
+         2024-05-01T12:00:01Z stderr P Epoch 0:   2%|▏         | 2/100 [00:02<01:38,  1.00it/s]\rEp\n\
+         2024-05-01T12:00:02Z stderr F och 0:   3%|▎         | 3/100 [00:03<01:37,  1.00it/s]\n"
+            .as_bytes(),
+    );
+    let mut cfg = config(&[&log]);
+    cfg.sources[0].format = Format::Cri;
+    let mut t = tailer(cfg);
+    let got = poll(&mut t, T0);
+    assert_eq!(
+        texts(&got),
+        [
+            "Epoch 0:   1%|          | 1/100 [00:01<01:39,  1.00it/s]",
+            "Epoch 0:   2%|▏         | 2/100 [00:02<01:38,  1.00it/s]",
+            "Epoch 0:   3%|▎         | 3/100 [00:03<01:37,  1.00it/s]",
+        ]
+    );
+    let secs: Vec<i64> = got.iter().map(|l| l.at_ns / SEC - 1_714_564_800).collect();
+    assert_eq!(secs, [0, 1, 1]);
+    assert!(got.iter().all(|l| l.stream == LogStream::Stderr));
+}
+
+#[test]
+fn tailed_lines_become_wire_metrics_and_watchdog_reports() {
+    use warden_agent::logs::{Extractor, PresetCatalog, WatchdogKind};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("worker.log");
+    append(
+        &log,
+        b"[rank3]: iteration      100/  1000 | consumed samples:        51200 | elapsed time per iteration (ms): 1000.0 | learning rate: 1.000E-04 | global batch size:   512 | lm loss: 2.345E+00 | loss scale: 1.0 | grad norm: nan | number of skipped iterations:   0 | number of nan iterations:   0 |\n\
+          [rank3]:[E1109 14:37:52.603317482 ProcessGroupNCCL.cpp:629] [Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=6, OpType=BROADCAST, NumelIn=96, NumelOut=96, Timeout(ms)=1800000) ran for 1800017 milliseconds before timing out.\n",
+    );
+    let mut cfg = config(&[&log]);
+    cfg.sources[0].job = Some("llama".into());
+    let catalog = PresetCatalog::builtin();
+    let mut x = Extractor::new(&cfg, catalog).expect("valid presets");
+    let mut t = tailer(cfg);
+    let lines = poll(&mut t, T0);
+    assert_eq!(lines.len(), 2);
+    let first = x.extract(&lines[0]);
+    let m = first.metric.expect("megatron line");
+    assert_eq!(
+        (m.job.as_deref(), m.rank, m.step),
+        (Some("llama"), Some(3), 100)
+    );
+    let wire = m.to_wire(None).expect("rank known");
+    assert_eq!(wire.at_ns, T0);
+    assert!(wire.grad_norm.is_some_and(f64::is_nan));
+    let second = x.extract(&lines[1]);
+    assert_eq!(second.metric, None);
+    let w = second.watchdog.expect("watchdog line");
+    assert_eq!(w.kind, Some(WatchdogKind::CollectiveTimeout));
+    assert_eq!((w.rank, w.seq), (Some(3), Some(6)));
+    let record = lines[1].to_record();
+    assert_eq!((record.rank, record.at_ns), (Some(3), T0));
+}

@@ -26,7 +26,6 @@ impl LineBuf {
     }
 
     /// Whether part of a line is held.
-    #[cfg(test)]
     pub(crate) fn has_partial(&self) -> bool {
         !self.buf.is_empty()
     }

@@ -10,8 +10,8 @@
 //! - The globs are expanded at the first poll and then every `rescan_interval_ms`.
 //!   Files found at the first expansion start at their end (`start_at: end`, the
 //!   default) or beginning; files found later start at their beginning. A file is known
-//!   by its device and inode, so one matched by two globs, or by a symlink and its
-//!   target, is read once.
+//!   by its device, inode and creation time, so one matched by two globs, or by a
+//!   symlink and its target, is read once.
 //! - Rotation by rename: when a read reaches end of file and the path now names another
 //!   file, the old file has been read to its end; it is closed and the new one read from
 //!   its beginning in the same poll, so nothing written before the rename is lost and
@@ -27,12 +27,12 @@
 //! - More than `max_open_files`: the least recently active file is closed and reopened
 //!   where it left off when a rescan finds it grown.
 //!
-//! Lines: see [`LineBuf`](super::linebuf) for framing (`\n`, `\r\n`, `\r`; NUL bytes
-//! dropped; long lines cut at `max_line_bytes` and marked truncated, their rest skipped
-//! unread into memory), [`cri`](super::cri) for CRI records, and
-//! [`multiline`](super::multiline) for tracebacks. A last line without a newline is
-//! held, up to `max_line_bytes`, until its file has been quiet for `partial_flush_ms`,
-//! then emitted as it is. Invalid UTF-8 becomes U+FFFD.
+//! Lines: a line ends at `\n`, `\r\n`, or (plain files) `\r`, which progress bars
+//! redraw with; NUL bytes are dropped; a line longer than `max_line_bytes` is cut there
+//! and marked truncated, and its rest skipped without being read into memory. See
+//! [`super::cri`] for CRI records and [`super::multiline`] for tracebacks. A last line
+//! without a newline is held, up to `max_line_bytes`, until its file has been quiet for
+//! `partial_flush_ms`, then emitted as it is. Invalid UTF-8 becomes U+FFFD.
 
 use std::{
     collections::VecDeque,
@@ -96,17 +96,26 @@ pub struct TailCounters {
     pub cri_malformed: u64,
 }
 
-type FileId = (u64, u64);
+/// Device, inode and (where the file system records it) creation time: an inode number
+/// freed by a deleted file and given to a new one does not pass for the old file.
+type FileId = (u64, u64, u128);
+
+fn birth_ns(m: &Metadata) -> u128 {
+    m.created()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos())
+}
 
 #[cfg(unix)]
 fn file_id(m: &Metadata) -> FileId {
     use std::os::unix::fs::MetadataExt;
-    (m.dev(), m.ino())
+    (m.dev(), m.ino(), birth_ns(m))
 }
 
 #[cfg(not(unix))]
 fn file_id(m: &Metadata) -> FileId {
-    (0, m.len())
+    (0, 0, birth_ns(m))
 }
 
 #[cfg(unix)]
@@ -306,7 +315,8 @@ fn decode(
                 truncated: join_trunc,
                 started,
             } = &mut cri_joins[idx];
-            if !*started {
+            if !*started || !buf.has_partial() {
+                // A line that starts in this record has this record's time.
                 *at_ns = rec.at_ns;
                 *started = true;
             }
