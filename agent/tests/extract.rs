@@ -236,7 +236,7 @@ fn nemo_progress_bar_with_a_watchdog_line_glued_on() {
     assert_eq!(m.step, 21377);
     assert!(close(m.loss, 2.81));
     let w = got.watchdog.expect("watchdog");
-    assert_eq!(w.kind, Some(WatchdogKind::CollectiveTimeout));
+    assert_eq!(w.kind, WatchdogKind::CollectiveTimeout);
     assert_eq!(
         (w.seq, w.timeout_ms, w.ran_for_ms),
         (Some(64140), Some(1_800_000), Some(17_893_402))
@@ -360,6 +360,26 @@ fn bad_preset_names_and_patterns_are_all_reported() {
 }
 
 #[test]
+fn check_config_reports_tailer_and_preset_problems_together() {
+    let mut s = SourceConfig::new(["/logs/[x"]);
+    s.presets = Some(vec!["nope".into()]);
+    let mut cfg = cfg_with(s);
+    cfg.max_open_files = 0;
+    let msg = warden_agent::logs::check_config(&cfg, catalog())
+        .expect_err("three problems")
+        .to_string();
+    for want in [
+        "max_open_files",
+        "sources[0].paths[0]",
+        "sources[0].presets[0]",
+    ] {
+        assert!(msg.contains(want), "{want} missing from {msg}");
+    }
+    let ok = cfg_with(SourceConfig::new(["/logs/*.log"]));
+    assert_eq!(warden_agent::logs::check_config(&ok, catalog()), Ok(()));
+}
+
+#[test]
 fn wire_form_keeps_non_finite_values() {
     let mut x = Extractor::with_presets(catalog());
     let m = metric(
@@ -390,15 +410,12 @@ fn watchdog_collective_timeout_old_and_new() {
     assert_eq!(
         w,
         Watchdog {
-            kind: Some(WatchdogKind::CollectiveTimeout),
-            backend: Some(Backend::Nccl),
-            rank: None,
             pg_rank: Some(5),
             seq: Some(312_774),
             op: Some("ALLREDUCE".into()),
             timeout_ms: Some(1_800_000),
             ran_for_ms: Some(1_801_487),
-            ..Watchdog::default()
+            ..Watchdog::new(WatchdogKind::CollectiveTimeout, Backend::Nccl)
         }
     );
     assert_eq!(w.coll_op(), CollOp::AllReduce);
@@ -420,7 +437,7 @@ fn watchdog_collective_timeout_old_and_new() {
     let w = watchdog(
         "  what():  [PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated with exception: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2415, OpType=ALLREDUCE, NumelIn=8192, NumelOut=8192, Timeout(ms)=1800000) ran for 1800058 milliseconds before timing out.",
     );
-    assert_eq!(w.kind, Some(WatchdogKind::CollectiveTimeout));
+    assert_eq!(w.kind, WatchdogKind::CollectiveTimeout);
     assert_eq!(
         (w.pg_id, w.pg_guid.as_deref(), w.pg_name.as_deref()),
         (Some(0), Some("0"), Some("default_pg"))
@@ -434,7 +451,7 @@ fn watchdog_progress_counters_in_each_release_format() {
     let w = watchdog(
         "[rank1]:[E ProcessGroupNCCL.cpp:1540] [PG 1 Rank 1] Timeout at NCCL work: 7, last enqueued NCCL work: 8, last completed NCCL work: 6.",
     );
-    assert_eq!(w.kind, Some(WatchdogKind::WorkTimeout));
+    assert_eq!(w.kind, WatchdogKind::WorkTimeout);
     assert_eq!((w.pg_id, w.pg_rank, w.rank), (Some(1), Some(1), Some(1)));
     assert_eq!(
         (w.seq, w.last_enqueued, w.last_completed),
@@ -443,7 +460,7 @@ fn watchdog_progress_counters_in_each_release_format() {
     let w = watchdog(
         "[rank1]:[E1003 18:37:01.833575187 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 1] Exception (either an error or timeout) detected by watchdog at work: 6463, last enqueued NCCL work: 6463, last completed NCCL work: 6462.",
     );
-    assert_eq!(w.kind, Some(WatchdogKind::WatchdogException));
+    assert_eq!(w.kind, WatchdogKind::WatchdogException);
     assert_eq!(w.pg_name.as_deref(), Some("default_pg"));
     assert_eq!(
         (w.seq, w.last_enqueued, w.last_completed),
@@ -453,7 +470,7 @@ fn watchdog_progress_counters_in_each_release_format() {
     let w = watchdog(
         "[rank1]:[E0307 03:51:26.517304862 ProcessGroupNCCL.cpp:2241] [PG ID 0 PG GUID 0(default_pg) Rank 1]  failure detected by watchdog at work sequence id: 1284 PG status: last enqueued work: 1315, last completed work: 1283",
     );
-    assert_eq!(w.kind, Some(WatchdogKind::FailureDetected));
+    assert_eq!(w.kind, WatchdogKind::FailureDetected);
     assert_eq!(
         (w.seq, w.last_enqueued, w.last_completed),
         (Some(1284), Some(1315), Some(1283))
@@ -462,7 +479,7 @@ fn watchdog_progress_counters_in_each_release_format() {
     let w = watchdog(
         "[rank1]:[E0307 03:51:26.761908345 ProcessGroupNCCL.cpp:1858] [PG ID 0 PG GUID 0(default_pg) Rank 1] Received a dump signal due to a collective timeout from this local rank and we will try our best to dump the debug info. Last enqueued NCCL work: 1315, last completed NCCL work: 1283.This is most likely caused by incorrect usages of collectives, e.g., wrong sizes used across ranks.",
     );
-    assert_eq!(w.kind, Some(WatchdogKind::DumpSignal));
+    assert_eq!(w.kind, WatchdogKind::DumpSignal);
     assert_eq!(
         (w.last_enqueued, w.last_completed, w.signalled_by),
         (Some(1315), Some(1283), None)
@@ -474,16 +491,17 @@ fn watchdog_progress_counters_in_each_release_format() {
     let w = watchdog(
         "[rank25]:[F ProcessGroupNCCL.cpp:1169] [PG 0 Rank 25] [PG 0 Rank 25] ProcessGroupNCCL's watchdog got stuck for 600 seconds without making progress in monitoring enqueued collectives.",
     );
-    assert_eq!(w.kind, Some(WatchdogKind::WatchdogStuck));
+    assert_eq!(w.kind, WatchdogKind::WatchdogStuck);
     assert_eq!((w.timeout_ms, w.rank), (Some(600_000), Some(25)));
 }
 
 #[test]
 fn gloo_timeout_inside_a_traceback() {
-    let text = "[rank3]: Traceback (most recent call last):\n[rank3]:   File \"/usr/local/lib/python3.12/dist-packages/torch/distributed/distributed_c10d.py\", line 5237, in barrier\n[rank3]:     work.wait()\n[rank3]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1800000ms for recv operation to complete";
+    // The first line that mentions a watchdog is not a report; the exception line is.
+    let text = "[rank3]: Traceback (most recent call last):\n[rank3]:   File \"/app/watchdog.py\", line 3, in run\n[rank3]:   File \"/usr/local/lib/python3.12/dist-packages/torch/distributed/distributed_c10d.py\", line 5237, in barrier\n[rank3]:     work.wait()\n[rank3]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1800000ms for recv operation to complete";
     let w = watchdog(text);
-    assert_eq!(w.kind, Some(WatchdogKind::GlooTimeout));
-    assert_eq!(w.backend, Some(Backend::Gloo));
+    assert_eq!(w.kind, WatchdogKind::GlooTimeout);
+    assert_eq!(w.backend, Backend::Gloo);
     assert_eq!((w.timeout_ms, w.rank), (Some(1_800_000), Some(3)));
     assert_eq!(w.coll_op(), CollOp::Recv);
 }

@@ -565,7 +565,7 @@ fn tailed_lines_become_wire_metrics_and_watchdog_reports() {
     let second = x.extract(&lines[1]);
     assert_eq!(second.metric, None);
     let w = second.watchdog.expect("watchdog line");
-    assert_eq!(w.kind, Some(WatchdogKind::CollectiveTimeout));
+    assert_eq!(w.kind, WatchdogKind::CollectiveTimeout);
     assert_eq!((w.rank, w.seq), (Some(3), Some(6)));
     let record = lines[1].to_record();
     assert_eq!((record.rank, record.at_ns), (Some(3), T0));

@@ -139,12 +139,12 @@ pub enum WatchdogKind {
 }
 
 /// A PyTorch process-group watchdog or timeout report, as structured as the line allows.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Watchdog {
     /// Which message.
-    pub kind: Option<WatchdogKind>,
+    pub kind: WatchdogKind,
     /// NCCL or gloo.
-    pub backend: Option<Backend>,
+    pub backend: Backend,
     /// Global rank: the line's `[rankN]:` prefix, else the line's attributed rank.
     pub rank: Option<u32>,
     /// Rank within the process group (`[Rank N]`, `[PG ... Rank N]`).
@@ -176,6 +176,28 @@ pub struct Watchdog {
 }
 
 impl Watchdog {
+    /// A report of this kind with nothing else known yet.
+    pub fn new(kind: WatchdogKind, backend: Backend) -> Self {
+        Watchdog {
+            kind,
+            backend,
+            rank: None,
+            pg_rank: None,
+            pg_id: None,
+            pg_guid: None,
+            pg_name: None,
+            seq: None,
+            op: None,
+            numel_in: None,
+            numel_out: None,
+            timeout_ms: None,
+            ran_for_ms: None,
+            last_enqueued: None,
+            last_completed: None,
+            signalled_by: None,
+        }
+    }
+
     /// The operation as a wire [`CollOp`].
     pub fn coll_op(&self) -> CollOp {
         let Some(op) = &self.op else {
@@ -587,23 +609,37 @@ fn regexes() -> Option<&'static WatchdogRegexes> {
 /// (Not `NCCL work`: its first bytes are those of every `NCCL INFO` line.)
 const WATCHDOG_NEEDLES: &str = "atchdog|enqueued|Timed out waiting|dump signal";
 
-/// Parse a PyTorch watchdog or process-group timeout line (the first one in a
-/// multi-line record). Cheap on other lines: a few literal searches reject them.
+/// Parse a PyTorch watchdog or process-group timeout line (in a multi-line record, the
+/// first line that is one). Cheap on other lines: one literal search rejects them.
 pub fn parse_watchdog(text: &str) -> Option<Watchdog> {
     let re = regexes()?;
-    let at = re.needles.find(text)?.start();
-    // Work on the line that holds the match.
-    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
-    let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
-    let line = &text[start..end];
+    let mut done_to = 0;
+    for m in re.needles.find_iter(text) {
+        if m.start() < done_to {
+            continue;
+        }
+        // Work on the line that holds the match.
+        let start = text[..m.start()].rfind('\n').map_or(0, |i| i + 1);
+        let end = text[m.start()..]
+            .find('\n')
+            .map_or(text.len(), |i| m.start() + i);
+        if let Some(w) = parse_watchdog_line(&text[start..end], re) {
+            return Some(w);
+        }
+        done_to = end;
+    }
+    None
+}
+
+fn parse_watchdog_line(line: &str, re: &WatchdogRegexes) -> Option<Watchdog> {
     let num = |r: &Regex| -> Option<u64> {
         r.captures(line)
             .and_then(|c| c.get(1))
             .and_then(|m| m.as_str().parse().ok())
     };
-    let mut w = Watchdog::default();
+    let mut w;
     if line.contains("Watchdog caught collective operation timeout") {
-        w.kind = Some(WatchdogKind::CollectiveTimeout);
+        w = Watchdog::new(WatchdogKind::CollectiveTimeout, Backend::Nccl);
         w.seq = num(&re.seq);
         w.op = re
             .op
@@ -615,30 +651,26 @@ pub fn parse_watchdog(text: &str) -> Option<Watchdog> {
         w.timeout_ms = num(&re.timeout);
         w.ran_for_ms = num(&re.ran_for);
     } else if let Some(seq) = num(&re.failure) {
-        w.kind = Some(WatchdogKind::FailureDetected);
+        w = Watchdog::new(WatchdogKind::FailureDetected, Backend::Nccl);
         w.seq = Some(seq);
     } else if let Some(seq) = num(&re.work) {
-        w.kind = Some(WatchdogKind::WorkTimeout);
+        w = Watchdog::new(WatchdogKind::WorkTimeout, Backend::Nccl);
         w.seq = Some(seq);
     } else if let Some(seq) = num(&re.exception) {
-        w.kind = Some(WatchdogKind::WatchdogException);
+        w = Watchdog::new(WatchdogKind::WatchdogException, Backend::Nccl);
         w.seq = Some(seq);
     } else if let Some(c) = re.dump.captures(line) {
-        w.kind = Some(WatchdogKind::DumpSignal);
+        w = Watchdog::new(WatchdogKind::DumpSignal, Backend::Nccl);
         w.signalled_by = c.get(1).and_then(|m| m.as_str().parse().ok());
     } else if let Some(secs) = num(&re.stuck) {
-        w.kind = Some(WatchdogKind::WatchdogStuck);
+        w = Watchdog::new(WatchdogKind::WatchdogStuck, Backend::Nccl);
         w.timeout_ms = secs.checked_mul(1000);
     } else if let Some(c) = re.gloo.captures(line) {
-        w.kind = Some(WatchdogKind::GlooTimeout);
-        w.backend = Some(Backend::Gloo);
+        w = Watchdog::new(WatchdogKind::GlooTimeout, Backend::Gloo);
         w.timeout_ms = c.get(1).and_then(|m| m.as_str().parse().ok());
         w.op = c.get(2).map(|m| m.as_str().to_string());
     } else {
         return None;
-    }
-    if w.backend.is_none() {
-        w.backend = Some(Backend::Nccl);
     }
     if let Some(c) = re.enq_done.captures(line) {
         w.last_enqueued = c.get(1).and_then(|m| m.as_str().parse().ok());

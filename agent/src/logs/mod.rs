@@ -44,6 +44,20 @@ pub use extract::{
 pub use presets::{PresetCatalog, PresetError};
 pub use tail::{TailCounters, Tailer};
 
+/// Every problem with a config, the tailer's and the extractor's together (for
+/// reporting them all at once at start-up).
+pub fn check_config(cfg: &TailConfig, catalog: &PresetCatalog) -> Result<(), ConfigError> {
+    let mut problems = cfg.problems();
+    if let Err(ConfigError::Invalid(more)) = Extractor::new(cfg, catalog) {
+        problems.extend(more);
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(problems))
+    }
+}
+
 /// One record read from a training log: a single line, or a whole Python traceback.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogLine {
