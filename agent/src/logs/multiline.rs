@@ -448,6 +448,22 @@ mod tests {
     }
 
     #[test]
+    fn disabled_grouping_passes_every_line_on() {
+        let mut g = Grouper::new(Bounds {
+            enabled: false,
+            max_lines: 100,
+            max_bytes: 10_000,
+            flush_ns: 1,
+        });
+        let out = feed(
+            &mut g,
+            "Traceback (most recent call last):\n  File \"a\"\n\nKeyError: 1",
+        );
+        assert_eq!(out.len(), 3);
+        assert!(!g.is_open());
+    }
+
+    #[test]
     fn blank_lines_outside_tracebacks_are_dropped() {
         let mut g = grouper();
         assert_eq!(
