@@ -70,6 +70,11 @@ impl Deduper {
         self
     }
 
+    /// The GPU index of a normalised PCI address, when the map knows it.
+    pub fn gpu_index(&self, pci_bus_id: &str) -> Option<u32> {
+        self.gpu_map.get(pci_bus_id).copied()
+    }
+
     /// Replace the PCI → GPU index map (see [`Deduper::with_gpu_map`]).
     pub fn set_gpu_map(&mut self, map: &HashMap<String, u32>) {
         self.gpu_map = map
