@@ -1,0 +1,721 @@
+//! Shipping to the controller: collectors add records to [`Pending`]; once per flush
+//! interval the [`Shipper`] seals them into a wire batch, keeps sealed batches in a
+//! bounded [`Outbox`] while the controller is unreachable (the oldest is dropped and
+//! counted when it is full), delivers them oldest first with jittered exponential
+//! backoff, and sends a heartbeat when it has nothing else to say.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use rand::{Rng, SeedableRng, rngs::SmallRng};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use warden_model::wire::{
+    Batch, GpuSample, Heartbeat, JobSignals, LogRecord, NodeEvent, TrainingMetric, frame_sealed,
+};
+
+use crate::config::ShipConfig;
+use crate::metrics::AgentMetrics;
+
+/// Records waiting for the next batch. Collectors add to it from their own threads.
+#[derive(Debug, Default)]
+pub struct Pending {
+    gpus: Vec<GpuSample>,
+    events: Vec<NodeEvent>,
+    jobs: BTreeMap<String, JobSignals>,
+    records: usize,
+    /// Records refused because the pending set was full (the shipper is far behind).
+    pub dropped: u64,
+}
+
+/// Most records waiting for one batch; more are dropped and counted.
+pub const MAX_PENDING_RECORDS: usize = 200_000;
+
+impl Pending {
+    fn room(&mut self, n: usize) -> bool {
+        if self.records + n > MAX_PENDING_RECORDS {
+            self.dropped += n as u64;
+            false
+        } else {
+            self.records += n;
+            true
+        }
+    }
+
+    /// Add GPU samples.
+    pub fn gpus(&mut self, samples: impl IntoIterator<Item = GpuSample>) {
+        for s in samples {
+            if self.room(1) {
+                self.gpus.push(s);
+            }
+        }
+    }
+
+    /// Add node events.
+    pub fn events(&mut self, events: impl IntoIterator<Item = NodeEvent>) {
+        for e in events {
+            if self.room(1) {
+                self.events.push(e);
+            }
+        }
+    }
+
+    fn job(&mut self, job: &str) -> &mut JobSignals {
+        self.jobs
+            .entry(job.to_owned())
+            .or_insert_with(|| JobSignals {
+                job: job.to_owned(),
+                ..JobSignals::default()
+            })
+    }
+
+    /// Add a training metric of `job`.
+    pub fn metric(&mut self, job: &str, m: TrainingMetric) {
+        if self.room(1) {
+            self.job(job).metrics.push(m);
+        }
+    }
+
+    /// Add a log line of `job`.
+    pub fn log(&mut self, job: &str, r: LogRecord) {
+        if self.room(1) {
+            self.job(job).logs.push(r);
+        }
+    }
+
+    /// Records waiting.
+    pub fn len(&self) -> usize {
+        self.records
+    }
+
+    /// Nothing waiting.
+    pub fn is_empty(&self) -> bool {
+        self.records == 0
+    }
+
+    fn take(&mut self) -> (Vec<GpuSample>, Vec<NodeEvent>, Vec<JobSignals>, usize) {
+        let n = std::mem::take(&mut self.records);
+        (
+            std::mem::take(&mut self.gpus),
+            std::mem::take(&mut self.events),
+            std::mem::take(&mut self.jobs).into_values().collect(),
+            n,
+        )
+    }
+}
+
+/// Shared handle to the pending records.
+pub type SharedPending = Arc<Mutex<Pending>>;
+
+/// Lock the pending set; a collector that panicked while holding it left plain data
+/// behind, which is still usable.
+pub fn lock(p: &SharedPending) -> MutexGuard<'_, Pending> {
+    p.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A batch encoded without its send time.
+#[derive(Debug, Clone)]
+struct Sealed {
+    seq: u64,
+    payload: Vec<u8>,
+    records: usize,
+}
+
+/// Sealed batches waiting for delivery, bounded in bytes.
+#[derive(Debug)]
+pub struct Outbox {
+    queue: VecDeque<Sealed>,
+    bytes: usize,
+    max_bytes: usize,
+    /// Records dropped to stay within the bound, since start.
+    pub dropped_records: u64,
+    /// Batches dropped to stay within the bound, since start.
+    pub dropped_batches: u64,
+}
+
+impl Outbox {
+    /// An empty outbox holding at most `max_bytes` of payload.
+    pub fn new(max_bytes: usize) -> Outbox {
+        Outbox {
+            queue: VecDeque::new(),
+            bytes: 0,
+            max_bytes,
+            dropped_records: 0,
+            dropped_batches: 0,
+        }
+    }
+
+    fn push(&mut self, s: Sealed) {
+        // Memory held is the payloads plus a small fixed cost per batch.
+        self.bytes += s.payload.len();
+        self.queue.push_back(s);
+        while self.bytes > self.max_bytes {
+            let Some(old) = self.queue.pop_front() else {
+                break;
+            };
+            self.bytes -= old.payload.len();
+            self.dropped_records += old.records as u64;
+            self.dropped_batches += 1;
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<Sealed> {
+        let s = self.queue.pop_front()?;
+        self.bytes -= s.payload.len();
+        Some(s)
+    }
+
+    fn push_front(&mut self, s: Sealed) {
+        self.bytes += s.payload.len();
+        self.queue.push_front(s);
+    }
+
+    /// Payload bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Batches held.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Nothing held.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
+
+/// Why a delivery failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Could not reach the controller or it failed; try again later.
+    #[error("controller unreachable: {0}")]
+    Unreachable(String),
+    /// The controller answered with an error status that retrying will not fix for
+    /// this batch (400, 413): drop it.
+    #[error("controller refused the batch: {status}: {body}")]
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// The start of the response body.
+        body: String,
+    },
+    /// The controller answered with an error worth retrying (401, 429, 5xx).
+    #[error("controller answered {status}: {body}")]
+    Retry {
+        /// HTTP status.
+        status: u16,
+        /// The start of the response body.
+        body: String,
+    },
+}
+
+/// How batches reach the controller.
+pub trait Transport: Send + Sync + 'static {
+    /// Deliver one framed batch.
+    fn send(&self, body: Vec<u8>) -> impl Future<Output = Result<(), SendError>> + Send;
+}
+
+/// HTTP POST to `<url>/api/v1/ingest` with the binary content type.
+#[derive(Debug, Clone)]
+pub struct HttpTransport {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: hyper::Uri,
+    auth: Option<String>,
+    timeout: Duration,
+}
+
+impl HttpTransport {
+    /// A transport to the controller at `base_url` (`http://host:port`), sending
+    /// `token` as a bearer token when given.
+    pub fn new(
+        base_url: &str,
+        token: Option<&str>,
+        timeout: Duration,
+    ) -> Result<HttpTransport, String> {
+        let uri = format!("{}/api/v1/ingest", base_url.trim_end_matches('/'))
+            .parse::<hyper::Uri>()
+            .map_err(|e| format!("{base_url:?} is not a usable URL: {e}"))?;
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Ok(HttpTransport {
+            client,
+            uri,
+            auth: token.map(|t| format!("Bearer {}", t.trim())),
+            timeout,
+        })
+    }
+}
+
+impl Transport for HttpTransport {
+    async fn send(&self, body: Vec<u8>) -> Result<(), SendError> {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(self.uri.clone())
+            .header(hyper::header::CONTENT_TYPE, "application/vnd.warden.batch");
+        if let Some(a) = &self.auth {
+            req = req.header(hyper::header::AUTHORIZATION, a);
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| SendError::Unreachable(e.to_string()))?;
+        let call = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| SendError::Unreachable(error_chain(&e)))?;
+            let status = resp.status();
+            if status.is_success() {
+                // Drain the body so the connection can be reused.
+                let _ = resp.into_body().collect().await;
+                return Ok(());
+            }
+            let body = match resp.into_body().collect().await {
+                Ok(b) => {
+                    let bytes = b.to_bytes();
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(256)]).into_owned()
+                }
+                Err(_) => String::new(),
+            };
+            let code = status.as_u16();
+            if status == StatusCode::BAD_REQUEST
+                || status == StatusCode::PAYLOAD_TOO_LARGE
+                || status == StatusCode::UNSUPPORTED_MEDIA_TYPE
+            {
+                Err(SendError::Refused { status: code, body })
+            } else {
+                Err(SendError::Retry { status: code, body })
+            }
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(r) => r,
+            Err(_) => Err(SendError::Unreachable(format!(
+                "no answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+/// Who this agent is, stamped on every batch.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// Node name.
+    pub node: String,
+    /// This agent instance.
+    pub agent_id: String,
+    /// The node's boot.
+    pub boot_id: String,
+}
+
+/// Agent clock, ns since the Unix epoch.
+pub fn wall_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// Delivers sealed batches.
+#[derive(Debug)]
+pub struct Shipper<T> {
+    cfg: ShipConfig,
+    transport: T,
+    id: Identity,
+    outbox: Outbox,
+    seq: u64,
+    failed_batches: u64,
+    backoff: Duration,
+    next_attempt: Instant,
+    /// Last delivery; `None` sends a heartbeat at once, so the controller learns of a
+    /// new agent without waiting.
+    last_delivery: Option<Instant>,
+    rng: SmallRng,
+    metrics: Option<Arc<AgentMetrics>>,
+    collectors_down: Arc<Mutex<Vec<String>>>,
+    frame: Vec<u8>,
+    /// Whether the last attempt reached the controller.
+    pub connected: bool,
+}
+
+impl<T: Transport> Shipper<T> {
+    /// A shipper for `id` delivering through `transport`.
+    pub fn new(cfg: ShipConfig, transport: T, id: Identity) -> Shipper<T> {
+        let now = Instant::now();
+        Shipper {
+            outbox: Outbox::new(cfg.buffer_max_bytes),
+            backoff: cfg.backoff_initial,
+            cfg,
+            transport,
+            id,
+            seq: 0,
+            failed_batches: 0,
+            next_attempt: now,
+            last_delivery: None,
+            rng: SmallRng::seed_from_u64(wall_ns() as u64),
+            metrics: None,
+            collectors_down: Arc::default(),
+            frame: Vec::new(),
+            connected: false,
+        }
+    }
+
+    /// Report into `metrics`.
+    pub fn with_metrics(mut self, m: Arc<AgentMetrics>) -> Self {
+        self.metrics = Some(m);
+        self
+    }
+
+    /// The list of collectors that are down, sent in every heartbeat.
+    pub fn with_collectors_down(mut self, down: Arc<Mutex<Vec<String>>>) -> Self {
+        self.collectors_down = down;
+        self
+    }
+
+    /// The outbox (for inspection).
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// Batches that failed to deliver, since start.
+    pub fn failed_batches(&self) -> u64 {
+        self.failed_batches
+    }
+
+    fn heartbeat(&self, pending_dropped: u64) -> Heartbeat {
+        Heartbeat {
+            dropped_records: self.outbox.dropped_records + pending_dropped,
+            failed_batches: self.failed_batches,
+            collectors_down: self
+                .collectors_down
+                .lock()
+                .map(|v| v.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn batch(&mut self, pending_dropped: u64) -> Batch {
+        self.seq += 1;
+        Batch {
+            node: self.id.node.clone(),
+            agent_id: self.id.agent_id.clone(),
+            boot_id: self.id.boot_id.clone(),
+            seq: self.seq,
+            heartbeat: Some(self.heartbeat(pending_dropped)),
+            ..Batch::default()
+        }
+    }
+
+    /// Seal what is pending into the outbox; returns the records sealed.
+    pub fn seal(&mut self, pending: &SharedPending) -> usize {
+        let (gpus, events, jobs, n, dropped) = {
+            let mut p = lock(pending);
+            if p.is_empty() {
+                return 0;
+            }
+            let (g, e, j, n) = p.take();
+            (g, e, j, n, p.dropped)
+        };
+        let mut b = self.batch(dropped);
+        b.gpus = gpus;
+        b.events = events;
+        b.jobs = jobs;
+        let sealed = Sealed {
+            seq: b.seq,
+            payload: b.seal(),
+            records: n,
+        };
+        self.outbox.push(sealed);
+        self.publish();
+        n
+    }
+
+    fn publish(&self) {
+        if let Some(m) = &self.metrics {
+            m.buffer_bytes.set(self.outbox.bytes() as i64);
+            m.buffer_batches.set(self.outbox.len() as i64);
+            m.dropped_records
+                .reset_to(self.outbox.dropped_records, "buffer_full");
+            m.controller_up.set(i64::from(self.connected));
+        }
+    }
+
+    fn failed(&mut self, e: &SendError, now: Instant) {
+        self.failed_batches += 1;
+        if self.connected || self.failed_batches == 1 {
+            tracing::warn!(error = %e, kept = self.outbox.len(), "cannot deliver to the controller; keeping batches");
+        }
+        self.connected = false;
+        // Full jitter over the upper half: agents that lost the controller together do
+        // not come back together.
+        let ms = self.backoff.as_millis() as u64;
+        let wait = self.rng.random_range(ms / 2..=ms.max(1));
+        self.next_attempt = now + Duration::from_millis(wait);
+        self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
+        if let Some(m) = &self.metrics {
+            m.batches_failed.inc();
+        }
+    }
+
+    /// Try to deliver what the outbox holds, oldest first, and a heartbeat when idle.
+    /// Returns the batches delivered.
+    pub async fn deliver(&mut self, pending_dropped: u64) -> usize {
+        let now = Instant::now();
+        if now < self.next_attempt {
+            return 0;
+        }
+        let mut delivered = 0;
+        while let Some(s) = self.outbox.pop_front() {
+            frame_sealed(&s.payload, wall_ns(), &mut self.frame);
+            match self.transport.send(self.frame.clone()).await {
+                Ok(()) => {
+                    delivered += 1;
+                    self.on_success(now);
+                }
+                Err(SendError::Refused { status, body }) => {
+                    // Retrying cannot help this batch; the next one may be fine.
+                    tracing::error!(status, %body, seq = s.seq, records = s.records, "controller refused a batch; dropping it");
+                    self.outbox.dropped_records += s.records as u64;
+                    self.on_success(now);
+                }
+                Err(e) => {
+                    self.outbox.push_front(s);
+                    self.failed(&e, now);
+                    self.publish();
+                    return delivered;
+                }
+            }
+        }
+        let idle = self
+            .last_delivery
+            .is_none_or(|t| now.duration_since(t) >= self.cfg.heartbeat_interval);
+        if idle {
+            let b = self.batch(pending_dropped);
+            frame_sealed(&b.seal(), wall_ns(), &mut self.frame);
+            match self.transport.send(self.frame.clone()).await {
+                Ok(()) | Err(SendError::Refused { .. }) => self.on_success(now),
+                Err(e) => self.failed(&e, now),
+            }
+        }
+        self.publish();
+        delivered
+    }
+
+    fn on_success(&mut self, now: Instant) {
+        if !self.connected && self.failed_batches > 0 {
+            tracing::info!(kept = self.outbox.len(), "controller reachable again");
+        }
+        self.connected = true;
+        self.backoff = self.cfg.backoff_initial;
+        self.next_attempt = now;
+        self.last_delivery = Some(now);
+        if let Some(m) = &self.metrics {
+            m.batches_sent.inc();
+        }
+    }
+
+    /// Seal and deliver once per flush interval until `shutdown` turns true; then
+    /// seal what is left and make one last delivery attempt.
+    pub async fn run(mut self, pending: SharedPending, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.cfg.flush_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => {
+                    self.seal(&pending);
+                    let dropped = lock(&pending).dropped;
+                    self.next_attempt = Instant::now();
+                    self.deliver(dropped).await;
+                    return;
+                }
+            }
+            self.seal(&pending);
+            let dropped = lock(&pending).dropped;
+            self.deliver(dropped).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A controller that can be switched off, recording what it received.
+    #[derive(Clone, Default)]
+    struct Fake {
+        down: Arc<AtomicBool>,
+        got: Arc<Mutex<Vec<Batch>>>,
+    }
+
+    impl Transport for Fake {
+        async fn send(&self, body: Vec<u8>) -> Result<(), SendError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(SendError::Unreachable("connection refused".into()));
+            }
+            let b = Batch::decode_binary(&body).map_err(|e| SendError::Refused {
+                status: 400,
+                body: e.to_string(),
+            })?;
+            self.got.lock().expect("lock").push(b);
+            Ok(())
+        }
+    }
+
+    fn id() -> Identity {
+        Identity {
+            node: "n1".into(),
+            agent_id: "a1".into(),
+            boot_id: "b1".into(),
+        }
+    }
+
+    fn sample(i: u64) -> GpuSample {
+        GpuSample {
+            index: (i % 8) as u32,
+            uuid: format!("GPU-{i:08}"),
+            at_ns: i as i64,
+            temp_c: 40.0,
+            ..GpuSample::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ten_minute_outage_stays_within_the_bound_and_delivers_what_was_kept() {
+        let fake = Fake::default();
+        let cfg = ShipConfig {
+            buffer_max_bytes: 64 << 10,
+            ..ShipConfig::default()
+        };
+        let bound = cfg.buffer_max_bytes;
+        let mut sh = Shipper::new(cfg, fake.clone(), id());
+        let pending = SharedPending::default();
+        fake.down.store(true, Ordering::SeqCst);
+        let mut n = 0u64;
+        // Ten minutes at 1 Hz with 8 GPU samples a second.
+        for _ in 0..600 {
+            lock(&pending).gpus((0..8).map(|_| {
+                n += 1;
+                sample(n)
+            }));
+            sh.seal(&pending);
+            sh.deliver(0).await;
+            assert!(
+                sh.outbox().bytes() <= bound,
+                "{} > {bound}",
+                sh.outbox().bytes()
+            );
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert!(sh.failed_batches() > 5, "retried with backoff");
+        assert!(sh.failed_batches() < 600, "backoff spaced the retries");
+        let kept = sh.outbox().len();
+        let dropped = sh.outbox().dropped_records;
+        assert!(dropped > 0 && kept > 0, "kept {kept}, dropped {dropped}");
+        assert_eq!(
+            dropped + kept as u64 * 8,
+            600 * 8,
+            "every record kept or counted"
+        );
+
+        // The controller returns: everything kept arrives, oldest first.
+        fake.down.store(false, Ordering::SeqCst);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        let delivered = sh.deliver(0).await;
+        assert_eq!(delivered, kept);
+        let got = fake.got.lock().expect("lock");
+        assert_eq!(got.len(), kept);
+        let seqs: Vec<u64> = got.iter().map(|b| b.seq).collect();
+        assert!(
+            seqs.windows(2).all(|w| w[1] == w[0] + 1),
+            "in order: {seqs:?}"
+        );
+        assert_eq!(
+            *seqs.last().expect("some"),
+            600,
+            "newest kept, oldest dropped"
+        );
+        let last = got.last().expect("some");
+        assert_eq!(last.gpus.len(), 8);
+        let hb = last.heartbeat.as_ref().expect("heartbeat in every batch");
+        assert!(hb.failed_batches > 0);
+        // Stamped at send time, not at seal time.
+        assert!(last.sent_at_ns > 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_agent_sends_heartbeats() {
+        let fake = Fake::default();
+        let mut sh = Shipper::new(ShipConfig::default(), fake.clone(), id());
+        let pending = SharedPending::default();
+        for _ in 0..12 {
+            sh.seal(&pending);
+            sh.deliver(0).await;
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        let got = fake.got.lock().expect("lock");
+        assert_eq!(got.len(), 3, "at start, then every 5 s");
+        assert!(
+            got.iter()
+                .all(|b| b.heartbeat.is_some() && b.gpus.is_empty())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_batch_is_dropped_not_retried_forever() {
+        #[derive(Clone, Default)]
+        struct Refuses(Arc<Mutex<u32>>);
+        impl Transport for Refuses {
+            async fn send(&self, _: Vec<u8>) -> Result<(), SendError> {
+                *self.0.lock().expect("lock") += 1;
+                Err(SendError::Refused {
+                    status: 400,
+                    body: "bad".into(),
+                })
+            }
+        }
+        let t = Refuses::default();
+        let mut sh = Shipper::new(ShipConfig::default(), t.clone(), id());
+        let pending = SharedPending::default();
+        lock(&pending).gpus([sample(1)]);
+        sh.seal(&pending);
+        sh.deliver(0).await;
+        assert!(sh.outbox().is_empty());
+        assert_eq!(sh.outbox().dropped_records, 1);
+        assert_eq!(*t.0.lock().expect("lock"), 1);
+    }
+
+    #[test]
+    fn pending_is_bounded() {
+        let mut p = Pending::default();
+        p.gpus((0..MAX_PENDING_RECORDS as u64 + 10).map(sample));
+        assert_eq!(p.len(), MAX_PENDING_RECORDS);
+        assert_eq!(p.dropped, 10);
+    }
+}
