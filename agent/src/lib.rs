@@ -1,20 +1,37 @@
 //! Warden's node agent: the collectors that turn what a GPU node says about itself into
-//! wire-format [`NodeEvent`](warden_model::wire::NodeEvent)s.
+//! wire-format signals, and the runtime that exports and ships them.
 //!
 //! The kernel log: [`kmsg`] recognises hardware and kernel events in `/dev/kmsg`,
-//! dmesg and syslog lines, [`xid`] holds NVIDIA's XID catalog (shipped as
-//! `rules/xid.yaml`), and [`dedup`] folds repeats per boot so that a flood of identical
-//! lines becomes one event with a count.
+//! dmesg and syslog lines, [`kernel_log`] reads them, [`xid`] holds NVIDIA's XID
+//! catalog (shipped as `rules/xid.yaml`), and [`dedup`] folds repeats per boot so that a
+//! flood of identical lines becomes one event with a count.
 //!
 //! NVML: [`nvml`] samples every GPU (utilisation, memory, temperature, power, clocks,
 //! throttling, ECC, retired pages, remapped rows, PCIe, NVLink), receives XID events
 //! from NVML's event set and turns counter jumps between samples into events;
 //! [`gpu_metrics`] exports the readings to Prometheus, optionally under dcgm-exporter's
 //! names as well.
+//!
+//! Training logs: [`logs`] tails files and CRI container logs and extracts training
+//! metrics and watchdog reports; [`window`] keeps recent lines for the local [`api`].
+//!
+//! The runtime: [`config`] loads and validates the configuration, [`runtime`] wires the
+//! [`collectors`] and [`ship`] (batching, bounded buffer, delivery), [`metrics`] holds
+//! the agent's own metrics.
 
+pub mod api;
+pub mod collectors;
+pub mod config;
 pub mod dedup;
 pub mod gpu_metrics;
+pub mod kernel_log;
 pub mod kmsg;
+pub mod logs;
+pub mod logs_collector;
+pub mod metrics;
 pub mod nvml;
 pub mod pci;
+pub mod runtime;
+pub mod ship;
+pub mod window;
 pub mod xid;

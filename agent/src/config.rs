@@ -1,0 +1,773 @@
+//! Agent configuration: a YAML file, `WARDEN_*` environment overrides and flags, in that
+//! order of precedence (flags win), validated as a whole so that every mistake is
+//! reported at once, each naming the field (`controller.flush_interval_ms`) and where the
+//! value came from.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+pub use warden_model::config::{ConfigError, ConfigErrors};
+
+use crate::logs::{ConfigError as LogsConfigError, PresetCatalog, TailConfig as LogsConfig};
+
+/// Default address of the agent's `/metrics`, `/healthz` and local API.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9461";
+
+/// The configuration file, as written. Every field is optional; what is left out keeps
+/// its default.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Name this node reports as (default: `--node-name`, `NODE_NAME`, the hostname).
+    pub node_name: Option<String>,
+    /// Address `/metrics`, `/healthz` and the local API listen on (`host:port`).
+    pub listen: Option<String>,
+    /// Where and how to ship signals.
+    pub controller: Option<ControllerFile>,
+    /// GPU telemetry through NVML.
+    pub nvml: Option<NvmlFile>,
+    /// Hardware and kernel events from the kernel log.
+    pub kmsg: Option<KmsgFile>,
+    /// Training logs to tail.
+    pub logs: Option<LogsConfig>,
+    /// The local log window the controller can pull from.
+    pub log_window: Option<LogWindowFile>,
+}
+
+/// `controller:` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerFile {
+    /// Base URL of the controller (`http://warden-controller:9460`); without it the
+    /// agent collects and exports metrics but ships nothing.
+    pub url: Option<String>,
+    /// File holding the bearer token sent with every batch (never logged).
+    pub token_file: Option<PathBuf>,
+    /// Interval between batches, milliseconds.
+    pub flush_interval_ms: Option<u64>,
+    /// Longest time without any batch; an idle agent sends a heartbeat this often.
+    pub heartbeat_interval_ms: Option<u64>,
+    /// Time allowed for one delivery, milliseconds.
+    pub request_timeout_ms: Option<u64>,
+    /// Bound on batches kept while the controller is unreachable, bytes (oldest dropped).
+    pub buffer_max_bytes: Option<u64>,
+    /// First retry delay after a failed delivery, milliseconds (doubles, jittered).
+    pub backoff_initial_ms: Option<u64>,
+    /// Longest retry delay, milliseconds.
+    pub backoff_max_ms: Option<u64>,
+    /// Most log lines shipped per second; the rest stay in the local window.
+    pub max_log_lines_per_sec: Option<u32>,
+}
+
+/// `nvml:` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvmlFile {
+    /// Collect GPU telemetry (default true).
+    pub enabled: Option<bool>,
+    /// Path of `libnvidia-ml.so.1` (default: the loader's search path).
+    pub library: Option<PathBuf>,
+    /// Interval between samples, milliseconds.
+    pub interval_ms: Option<u64>,
+    /// Temperature that raises a thermal event, degrees Celsius.
+    pub temperature_warn_c: Option<f64>,
+    /// Also export dcgm-exporter's metric names (`DCGM_FI_DEV_*`).
+    pub dcgm_compat: Option<bool>,
+}
+
+/// `kmsg:` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KmsgFile {
+    /// Watch the kernel log (default true).
+    pub enabled: Option<bool>,
+    /// `/dev/kmsg` (records) or a text file in dmesg/syslog form that is followed.
+    pub path: Option<PathBuf>,
+    /// Where the boot id is read from.
+    pub boot_id_path: Option<PathBuf>,
+    /// Most distinct events remembered per boot.
+    pub max_distinct_events: Option<usize>,
+}
+
+/// `log_window:` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogWindowFile {
+    /// Bytes of recent log lines kept for the local API.
+    pub max_bytes: Option<u64>,
+}
+
+/// The settings a flag can override (`None`: not given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overrides {
+    /// `--node-name` (clap also fills it from `NODE_NAME`).
+    pub node_name: Option<String>,
+    /// `--listen`.
+    pub listen: Option<String>,
+    /// `--controller-url`.
+    pub controller_url: Option<String>,
+}
+
+/// Effective shipping settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShipConfig {
+    /// Controller base URL; `None` ships nothing.
+    pub url: Option<String>,
+    /// Bearer token file.
+    pub token_file: Option<PathBuf>,
+    /// Interval between batches.
+    pub flush_interval: Duration,
+    /// Idle heartbeat interval.
+    pub heartbeat_interval: Duration,
+    /// Time allowed for one delivery.
+    pub request_timeout: Duration,
+    /// Bound on kept batches, bytes.
+    pub buffer_max_bytes: usize,
+    /// First retry delay.
+    pub backoff_initial: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Most log lines shipped per second.
+    pub max_log_lines_per_sec: u32,
+}
+
+impl Default for ShipConfig {
+    fn default() -> Self {
+        ShipConfig {
+            url: None,
+            token_file: None,
+            flush_interval: Duration::from_secs(1),
+            heartbeat_interval: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            buffer_max_bytes: 8 << 20,
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+            max_log_lines_per_sec: 200,
+        }
+    }
+}
+
+/// Effective NVML settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NvmlConfig {
+    /// Collect GPU telemetry.
+    pub enabled: bool,
+    /// Library path.
+    pub library: Option<PathBuf>,
+    /// Sampling interval.
+    pub interval: Duration,
+    /// Thermal event threshold, °C.
+    pub temperature_warn_c: f64,
+    /// Export `DCGM_FI_DEV_*` names too.
+    pub dcgm_compat: bool,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        NvmlConfig {
+            enabled: true,
+            library: None,
+            interval: Duration::from_secs(1),
+            temperature_warn_c: 87.0,
+            dcgm_compat: false,
+        }
+    }
+}
+
+/// Effective kernel-log settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KmsgConfig {
+    /// Watch the kernel log.
+    pub enabled: bool,
+    /// `/dev/kmsg` or a followed text file.
+    pub path: PathBuf,
+    /// Boot id file.
+    pub boot_id_path: PathBuf,
+    /// Most distinct events per boot.
+    pub max_distinct_events: usize,
+}
+
+impl Default for KmsgConfig {
+    fn default() -> Self {
+        KmsgConfig {
+            enabled: true,
+            path: PathBuf::from("/dev/kmsg"),
+            boot_id_path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
+            max_distinct_events: crate::dedup::DEFAULT_MAX_KEYS,
+        }
+    }
+}
+
+/// The effective agent configuration.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Node name reported in every batch.
+    pub node_name: String,
+    /// Listen address of `/metrics`, `/healthz` and the local API.
+    pub listen: SocketAddr,
+    /// Shipping.
+    pub ship: ShipConfig,
+    /// GPU telemetry.
+    pub nvml: NvmlConfig,
+    /// Kernel log.
+    pub kmsg: KmsgConfig,
+    /// Training logs.
+    pub logs: LogsConfig,
+    /// Bytes of recent log lines kept for the local API.
+    pub log_window_bytes: usize,
+}
+
+/// Bounds checked on the numeric settings: (field, least, most).
+const MS_BOUNDS: [(&str, u64, u64); 6] = [
+    ("controller.flush_interval_ms", 50, 60_000),
+    ("controller.heartbeat_interval_ms", 100, 600_000),
+    ("controller.request_timeout_ms", 100, 300_000),
+    ("controller.backoff_initial_ms", 10, 600_000),
+    ("controller.backoff_max_ms", 10, 3_600_000),
+    ("nvml.interval_ms", 100, 3_600_000),
+];
+
+struct Checker {
+    errors: Vec<ConfigError>,
+}
+
+impl Checker {
+    fn push(&mut self, origin: &str, field: &str, message: String) {
+        self.errors.push(ConfigError {
+            origin: origin.to_owned(),
+            field: field.to_owned(),
+            message,
+        });
+    }
+
+    fn ms(&mut self, origin: &str, field: &str, value: Option<u64>, into: &mut Duration) {
+        let Some(v) = value else { return };
+        let (lo, hi) = MS_BOUNDS
+            .iter()
+            .find(|(f, ..)| *f == field)
+            .map_or((1, u64::MAX), |&(_, lo, hi)| (lo, hi));
+        if (lo..=hi).contains(&v) {
+            *into = Duration::from_millis(v);
+        } else {
+            self.push(origin, field, format!("{v} is outside {lo}..={hi}"));
+        }
+    }
+
+    fn bytes(&mut self, origin: &str, field: &str, value: Option<u64>, lo: u64, into: &mut usize) {
+        let Some(v) = value else { return };
+        const HI: u64 = 1 << 34;
+        if (lo..=HI).contains(&v) {
+            *into = usize::try_from(v).unwrap_or(usize::MAX);
+        } else {
+            self.push(origin, field, format!("{v} is outside {lo}..={HI}"));
+        }
+    }
+
+    fn listen(&mut self, origin: &str, value: &str) -> Option<SocketAddr> {
+        match value.trim().parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(e) => {
+                self.push(
+                    origin,
+                    "listen",
+                    format!("{value:?} is not a socket address like {DEFAULT_LISTEN} ({e})"),
+                );
+                None
+            }
+        }
+    }
+
+    fn url(&mut self, origin: &str, value: &str) -> Option<String> {
+        let v = value.trim().trim_end_matches('/');
+        let ok = v
+            .strip_prefix("http://")
+            .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace));
+        if ok {
+            Some(v.to_owned())
+        } else {
+            let msg = if v.starts_with("https://") {
+                format!(
+                    "{value:?}: https is served by the proxy in front of the controller; give the agent an http:// URL reachable inside the cluster"
+                )
+            } else {
+                format!("{value:?} is not a URL like http://warden-controller:9460")
+            };
+            self.push(origin, "controller.url", msg);
+            None
+        }
+    }
+
+    fn node_name(&mut self, origin: &str, value: &str) -> Option<String> {
+        let v = value.trim();
+        let ok = !v.is_empty()
+            && v.len() <= warden_model::wire::MAX_NAME_LEN
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+        if ok {
+            Some(v.to_owned())
+        } else {
+            self.push(
+                origin,
+                "node_name",
+                format!(
+                    "{value:?} is not a node name (1 to {} of letters, digits, '-', '.', '_')",
+                    warden_model::wire::MAX_NAME_LEN
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// Deserialize `value` as `T`, naming the path of the first mistake under `prefix`.
+fn section<T: DeserializeOwned>(
+    value: serde_yaml_ng::Value,
+    prefix: &str,
+    origin: &str,
+    errors: &mut Vec<ConfigError>,
+) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(value) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let field = if path == "." || path.is_empty() {
+                prefix.to_owned()
+            } else {
+                format!("{prefix}.{path}")
+            };
+            errors.push(ConfigError {
+                origin: origin.to_owned(),
+                field,
+                message: e.into_inner().to_string(),
+            });
+            None
+        }
+    }
+}
+
+impl ConfigFile {
+    /// Parse a YAML document; each top-level section is checked on its own so one
+    /// mistake does not hide the next.
+    pub fn from_yaml(text: &str, origin: &str) -> Result<ConfigFile, ConfigErrors> {
+        let (file, errors) = Self::parse_partial(text, origin);
+        if errors.is_empty() {
+            Ok(file)
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
+    fn parse_partial(text: &str, origin: &str) -> (ConfigFile, Vec<ConfigError>) {
+        let mut errors = Vec::new();
+        let doc: serde_yaml_ng::Value = match serde_yaml_ng::from_str(text) {
+            Ok(d) => d,
+            Err(e) => {
+                errors.push(ConfigError {
+                    origin: origin.to_owned(),
+                    field: String::new(),
+                    message: e.to_string(),
+                });
+                return (ConfigFile::default(), errors);
+            }
+        };
+        let mapping = match doc {
+            serde_yaml_ng::Value::Null => return (ConfigFile::default(), errors),
+            serde_yaml_ng::Value::Mapping(m) => m,
+            _ => {
+                errors.push(ConfigError {
+                    origin: origin.to_owned(),
+                    field: String::new(),
+                    message: "expected a mapping of settings at the top level".into(),
+                });
+                return (ConfigFile::default(), errors);
+            }
+        };
+        let mut out = ConfigFile::default();
+        for (key, value) in mapping {
+            let name = match &key {
+                serde_yaml_ng::Value::String(s) => s.clone(),
+                other => format!("{other:?}"),
+            };
+            let e = &mut errors;
+            match name.as_str() {
+                "node_name" => out.node_name = section(value, &name, origin, e),
+                "listen" => out.listen = section(value, &name, origin, e),
+                "controller" => out.controller = section(value, &name, origin, e),
+                "nvml" => out.nvml = section(value, &name, origin, e),
+                "kmsg" => out.kmsg = section(value, &name, origin, e),
+                "logs" => out.logs = section(value, &name, origin, e),
+                "log_window" => out.log_window = section(value, &name, origin, e),
+                _ => errors.push(ConfigError {
+                    origin: origin.to_owned(),
+                    field: name.clone(),
+                    message: "unknown field, expected one of node_name, listen, controller, \
+                              nvml, kmsg, logs, log_window"
+                        .into(),
+                }),
+            }
+        }
+        (out, errors)
+    }
+}
+
+/// This machine's hostname, from the kernel.
+pub fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+impl AgentConfig {
+    /// The effective configuration: defaults, then the file (when given), then the
+    /// environment (`env` looks a variable up; pass `|k| std::env::var(k).ok()`), then
+    /// the flags. `fallback_node_name` is used when nothing names the node (the
+    /// hostname). Every error is collected before returning.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        flags: &Overrides,
+        fallback_node_name: Option<String>,
+    ) -> Result<AgentConfig, ConfigErrors> {
+        let mut errors = Vec::new();
+        let parsed = match file {
+            None => ConfigFile::default(),
+            Some(path) => {
+                let origin = path.display().to_string();
+                match std::fs::read_to_string(path) {
+                    Ok(text) => {
+                        let (f, errs) = ConfigFile::parse_partial(&text, &origin);
+                        errors.extend(errs);
+                        f
+                    }
+                    Err(e) => {
+                        errors.push(ConfigError {
+                            origin,
+                            field: String::new(),
+                            message: format!("cannot read the file: {e}"),
+                        });
+                        ConfigFile::default()
+                    }
+                }
+            }
+        };
+        let fo = file.map_or_else(String::new, |p| p.display().to_string());
+        let fo = fo.as_str();
+        let mut c = Checker { errors };
+
+        // Node name: flag (or NODE_NAME through the flag), WARDEN_NODE_NAME, file,
+        // hostname.
+        let node_name = if let Some(n) = &flags.node_name {
+            c.node_name("flag --node-name", n)
+        } else if let Some(n) = env("WARDEN_NODE_NAME") {
+            c.node_name("environment WARDEN_NODE_NAME", &n)
+        } else if let Some(n) = &parsed.node_name {
+            c.node_name(fo, n)
+        } else if let Some(n) = fallback_node_name {
+            c.node_name("hostname", &n)
+        } else {
+            c.push(
+                "defaults",
+                "node_name",
+                "no node name: pass --node-name or set NODE_NAME".into(),
+            );
+            None
+        };
+
+        let mut listen = SocketAddr::from(([127, 0, 0, 1], 9461));
+        for (origin, v) in [
+            (fo, parsed.listen.clone()),
+            ("environment WARDEN_LISTEN", env("WARDEN_LISTEN")),
+            ("flag --listen", flags.listen.clone()),
+        ] {
+            if let Some(a) = v.and_then(|v| c.listen(origin, &v)) {
+                listen = a;
+            }
+        }
+
+        let cf = parsed.controller.clone().unwrap_or_default();
+        let mut ship = ShipConfig::default();
+        for (origin, v) in [
+            (fo, cf.url.clone()),
+            (
+                "environment WARDEN_CONTROLLER_URL",
+                env("WARDEN_CONTROLLER_URL"),
+            ),
+            ("flag --controller-url", flags.controller_url.clone()),
+        ] {
+            if let Some(u) = v.and_then(|v| c.url(origin, &v)) {
+                ship.url = Some(u);
+            }
+        }
+        ship.token_file = cf.token_file.clone();
+        c.ms(
+            fo,
+            "controller.flush_interval_ms",
+            cf.flush_interval_ms,
+            &mut ship.flush_interval,
+        );
+        c.ms(
+            fo,
+            "controller.heartbeat_interval_ms",
+            cf.heartbeat_interval_ms,
+            &mut ship.heartbeat_interval,
+        );
+        c.ms(
+            fo,
+            "controller.request_timeout_ms",
+            cf.request_timeout_ms,
+            &mut ship.request_timeout,
+        );
+        c.ms(
+            fo,
+            "controller.backoff_initial_ms",
+            cf.backoff_initial_ms,
+            &mut ship.backoff_initial,
+        );
+        c.ms(
+            fo,
+            "controller.backoff_max_ms",
+            cf.backoff_max_ms,
+            &mut ship.backoff_max,
+        );
+        c.bytes(
+            fo,
+            "controller.buffer_max_bytes",
+            cf.buffer_max_bytes,
+            64 << 10,
+            &mut ship.buffer_max_bytes,
+        );
+        if let Some(n) = cf.max_log_lines_per_sec {
+            ship.max_log_lines_per_sec = n;
+        }
+        if ship.backoff_max < ship.backoff_initial {
+            c.push(
+                fo,
+                "controller.backoff_max_ms",
+                format!(
+                    "{} ms is shorter than backoff_initial_ms ({} ms)",
+                    ship.backoff_max.as_millis(),
+                    ship.backoff_initial.as_millis()
+                ),
+            );
+        }
+
+        let nf = parsed.nvml.clone().unwrap_or_default();
+        let mut nvml = NvmlConfig {
+            enabled: nf.enabled.unwrap_or(true),
+            library: nf.library.clone(),
+            dcgm_compat: nf.dcgm_compat.unwrap_or(false),
+            ..NvmlConfig::default()
+        };
+        c.ms(fo, "nvml.interval_ms", nf.interval_ms, &mut nvml.interval);
+        if let Some(t) = nf.temperature_warn_c {
+            if t.is_finite() && (20.0..=150.0).contains(&t) {
+                nvml.temperature_warn_c = t;
+            } else {
+                c.push(
+                    fo,
+                    "nvml.temperature_warn_c",
+                    format!("{t} is outside 20..=150"),
+                );
+            }
+        }
+
+        let kf = parsed.kmsg.clone().unwrap_or_default();
+        let mut kmsg = KmsgConfig {
+            enabled: kf.enabled.unwrap_or(true),
+            ..KmsgConfig::default()
+        };
+        if let Some(p) = kf.path {
+            kmsg.path = p;
+        }
+        if let Some(p) = kf.boot_id_path {
+            kmsg.boot_id_path = p;
+        }
+        if let Some(n) = kf.max_distinct_events {
+            if (1..=1 << 20).contains(&n) {
+                kmsg.max_distinct_events = n;
+            } else {
+                c.push(
+                    fo,
+                    "kmsg.max_distinct_events",
+                    format!("{n} is outside 1..={}", 1 << 20),
+                );
+            }
+        }
+
+        let logs = parsed.logs.clone().unwrap_or_default();
+        match crate::logs::check_config(&logs, PresetCatalog::builtin()) {
+            Ok(()) => {}
+            Err(LogsConfigError::Invalid(problems)) => {
+                for p in problems {
+                    // Each problem starts with the field it concerns: `sources[0].paths: ...`.
+                    match p.split_once(": ") {
+                        Some((field, msg)) if !field.contains(' ') => {
+                            c.push(fo, &format!("logs.{field}"), msg.to_owned());
+                        }
+                        _ => c.push(fo, "logs", p),
+                    }
+                }
+            }
+            Err(LogsConfigError::Parse(p)) => c.push(fo, "logs", p),
+        }
+
+        let mut log_window_bytes = 4 << 20;
+        c.bytes(
+            fo,
+            "log_window.max_bytes",
+            parsed.log_window.as_ref().and_then(|w| w.max_bytes),
+            0,
+            &mut log_window_bytes,
+        );
+
+        match node_name {
+            Some(node_name) if c.errors.is_empty() => Ok(AgentConfig {
+                node_name,
+                listen,
+                ship,
+                nvml,
+                kmsg,
+                logs,
+                log_window_bytes,
+            }),
+            _ => Err(ConfigErrors(c.errors)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn write(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("warden-agent-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+
+    fn load(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<AgentConfig, ConfigErrors> {
+        let path = write(&format!("c{}.yaml", text.len()), text);
+        AgentConfig::load(
+            Some(&path),
+            env,
+            &Overrides::default(),
+            Some("host-1".into()),
+        )
+    }
+
+    #[test]
+    fn defaults_name_the_node_after_the_host() {
+        let cfg = AgentConfig::load(None, no_env, &Overrides::default(), Some("gpu-7".into()))
+            .expect("ok");
+        assert_eq!(cfg.node_name, "gpu-7");
+        assert_eq!(cfg.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(cfg.ship, ShipConfig::default());
+        assert!(cfg.nvml.enabled && cfg.kmsg.enabled);
+    }
+
+    #[test]
+    fn every_mistake_is_named_with_its_field() {
+        let text = "listen: nowhere\ncontroller:\n  url: ftp://x\n  flush_interval_ms: 5\n\
+                    nvml:\n  intervall_ms: 3\nkmsg:\n  max_distinct_events: 0\nbogus: 1\n";
+        let errs = load(text, no_env).expect_err("must fail");
+        let fields: Vec<_> = errs.0.iter().map(|e| e.field.as_str()).collect();
+        for f in [
+            "listen",
+            "controller.url",
+            "controller.flush_interval_ms",
+            "nvml.intervall_ms",
+            "kmsg.max_distinct_events",
+            "bogus",
+        ] {
+            assert!(fields.contains(&f), "{f} missing from {errs}");
+        }
+    }
+
+    #[test]
+    fn nested_type_errors_carry_the_path() {
+        let errs = load("controller:\n  buffer_max_bytes: lots\n", no_env).expect_err("fails");
+        assert_eq!(errs.0[0].field, "controller.buffer_max_bytes", "{errs}");
+    }
+
+    #[test]
+    fn file_then_env_then_flag() {
+        let text = "node_name: from-file\ncontroller:\n  url: http://c1:9460/\n";
+        let cfg = load(text, no_env).expect("ok");
+        assert_eq!(cfg.node_name, "from-file");
+        assert_eq!(cfg.ship.url.as_deref(), Some("http://c1:9460"));
+
+        let env: HashMap<&str, &str> = [
+            ("WARDEN_CONTROLLER_URL", "http://c2:9460"),
+            ("WARDEN_NODE_NAME", "from-env"),
+        ]
+        .into();
+        let lookup = |k: &str| env.get(k).map(|v| (*v).to_owned());
+        let cfg = load(text, lookup).expect("ok");
+        assert_eq!(cfg.node_name, "from-env");
+        assert_eq!(cfg.ship.url.as_deref(), Some("http://c2:9460"));
+
+        let flags = Overrides {
+            node_name: Some("from-flag".into()),
+            controller_url: Some("http://c3:1".into()),
+            listen: Some("0.0.0.0:9999".into()),
+        };
+        let path = write("layers.yaml", text);
+        let cfg = AgentConfig::load(Some(&path), lookup, &flags, None).expect("ok");
+        assert_eq!(cfg.node_name, "from-flag");
+        assert_eq!(cfg.ship.url.as_deref(), Some("http://c3:1"));
+        assert_eq!(cfg.listen.port(), 9999);
+    }
+
+    #[test]
+    fn no_node_name_anywhere_is_an_error() {
+        let errs = AgentConfig::load(None, no_env, &Overrides::default(), None).expect_err("no");
+        assert_eq!(errs.0[0].field, "node_name");
+        let flags = Overrides {
+            node_name: Some("bad name!".into()),
+            ..Overrides::default()
+        };
+        let errs = AgentConfig::load(None, no_env, &flags, None).expect_err("bad");
+        assert!(
+            errs.to_string()
+                .contains("flag --node-name: field `node_name`"),
+            "{errs}"
+        );
+    }
+
+    #[test]
+    fn log_source_mistakes_name_their_field() {
+        let text =
+            "logs:\n  sources:\n    - paths: []\n      presets: [megatorn]\n  max_open_files: 0\n";
+        let errs = load(text, no_env).expect_err("fails");
+        let msg = errs.to_string();
+        assert!(msg.contains("field `logs.sources[0].paths`"), "{msg}");
+        assert!(msg.contains("field `logs.max_open_files`"), "{msg}");
+        assert!(msg.contains("megatorn"), "{msg}");
+        let errs = load(
+            "logs:\n  sources:\n    - paths: [a]\n      format: json\n",
+            no_env,
+        )
+        .expect_err("fails");
+        assert!(errs.0[0].field.starts_with("logs"), "{errs}");
+        assert!(errs.to_string().contains("json"), "{errs}");
+    }
+
+    #[test]
+    fn backoff_max_below_initial_is_refused() {
+        let text = "controller:\n  backoff_initial_ms: 5000\n  backoff_max_ms: 1000\n";
+        let errs = load(text, no_env).expect_err("fails");
+        assert_eq!(errs.0[0].field, "controller.backoff_max_ms", "{errs}");
+    }
+}
