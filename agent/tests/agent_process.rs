@@ -1,0 +1,262 @@
+//! The `warden-agent` binary on a node of 8 fake GPUs (the fake `libnvidia-ml.so.1`
+//! loaded through the real NVML path): what it exports on `/metrics` and what it ships
+//! match what the GPUs report, including an XID from NVML's event set and an ECC jump.
+
+use std::time::Duration;
+
+use warden_model::wire::{Batch, EventSeverity, NodeEventKind};
+
+#[path = "fake_nvml/mod.rs"]
+mod fake_nvml;
+mod support;
+use support::{AgentProc, Sink, free_port, http_get, metric};
+
+fn config(
+    dir: &std::path::Path,
+    lib: &std::path::Path,
+    agent: u16,
+    controller: u16,
+) -> std::path::PathBuf {
+    let kmsg = dir.join("kern.log");
+    std::fs::write(&kmsg, "").expect("kernel log");
+    let boot = dir.join("boot_id");
+    std::fs::write(&boot, "boot-7\n").expect("boot id");
+    let path = dir.join("agent.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "node_name: gpu-node-3\nlisten: 127.0.0.1:{agent}\n\
+             controller:\n  url: http://127.0.0.1:{controller}\n  flush_interval_ms: 200\n\
+             nvml:\n  library: {}\n  interval_ms: 200\n  dcgm_compat: true\n\
+             kmsg:\n  path: {}\n  boot_id_path: {}\n",
+            lib.display(),
+            kmsg.display(),
+            boot.display()
+        ),
+    )
+    .expect("config");
+    path
+}
+
+fn events(batches: &[Batch], kind: NodeEventKind) -> Vec<warden_model::wire::NodeEvent> {
+    batches
+        .iter()
+        .flat_map(|b| b.events.iter())
+        .filter(|e| NodeEventKind::from_wire(e.kind) == kind)
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn fake_gpus_are_exported_and_shipped() {
+    let node = fake_nvml::FakeNode::new(&[]);
+    node.set("gpu.*.temp", 51);
+    node.set("gpu.5.temp", 66);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent_port, controller_port) = (free_port(), free_port());
+    let sink = Sink::start(controller_port);
+    let cfg = config(dir.path(), node.lib_path(), agent_port, controller_port);
+    let mut agent = AgentProc::start(&cfg, agent_port);
+
+    // Eight GPUs sampled and shipped.
+    assert!(
+        sink.wait_for(Duration::from_secs(20), |b| {
+            b.iter().any(|b| {
+                b.gpus.len() >= 8 && b.gpus.iter().any(|g| g.index == 5 && g.temp_c == 66.0)
+            })
+        }),
+        "no batch with the 8 GPU samples"
+    );
+    let m = agent.scrape().expect("metrics");
+    assert_eq!(
+        metric(&m, "warden_agent_collector_up{collector=\"nvml\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    let temp5 = m
+        .lines()
+        .find(|l| l.starts_with("warden_gpu_temperature_celsius{") && l.contains("gpu=\"5\""))
+        .expect("GPU 5 temperature exported");
+    assert!(temp5.ends_with(" 66"), "{temp5}");
+    assert!(
+        m.contains("DCGM_FI_DEV_GPU_TEMP{"),
+        "dcgm-exporter names exported"
+    );
+
+    // Faults: an XID through the event set, an uncorrected ECC jump, a hot GPU.
+    node.set("event.1", "gpu:3,xid:79");
+    node.set("gpu.2.ecc_unc_vol", 4);
+    node.set("gpu.5.temp", 95);
+    assert!(
+        sink.wait_for(Duration::from_secs(20), |b| {
+            !events(b, NodeEventKind::Xid).is_empty()
+                && !events(b, NodeEventKind::Ecc).is_empty()
+                && !events(b, NodeEventKind::Thermal).is_empty()
+        }),
+        "fault events not shipped"
+    );
+    let got = sink.got.lock().expect("lock").clone();
+    let xid = &events(&got, NodeEventKind::Xid)[0];
+    assert_eq!((xid.code, xid.gpu_index), (Some(79), Some(3)));
+    assert_eq!(xid.severity, EventSeverity::Fatal as i32);
+    assert!(
+        xid.id >= 1 << 63,
+        "agent-made ids are disjoint from kernel-log ids"
+    );
+    let ecc = &events(&got, NodeEventKind::Ecc)[0];
+    assert_eq!((ecc.gpu_index, ecc.count), (Some(2), 4));
+    let hot = &events(&got, NodeEventKind::Thermal)[0];
+    assert_eq!(hot.gpu_index, Some(5));
+    assert!(
+        got.iter()
+            .all(|b| b.node == "gpu-node-3" && b.boot_id == "boot-7")
+    );
+
+    let m = agent.scrape().expect("metrics");
+    assert_eq!(
+        metric(&m, "warden_gpu_xid_errors_total{code=\"79\",gpu=\"3\"}"),
+        None,
+        "the kernel log is up, so it (not NVML) counts XIDs"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "warden_node_events_total{kind=\"xid\",severity=\"fatal\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    let health = http_get(agent_port, "/healthz").expect("healthz");
+    assert!(health.contains("\"collectors_down\":[]"), "{health}");
+    assert!(agent.alive());
+}
+
+#[test]
+fn without_a_driver_the_agent_reports_nvml_down_and_carries_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent_port, controller_port) = (free_port(), free_port());
+    let sink = Sink::start(controller_port);
+    let missing = dir.path().join("no/libnvidia-ml.so.1");
+    let cfg = config(dir.path(), &missing, agent_port, controller_port);
+    let mut agent = AgentProc::start(&cfg, agent_port);
+    assert!(
+        sink.wait_for(Duration::from_secs(20), |b| b.iter().any(|b| b
+            .heartbeat
+            .as_ref()
+            .is_some_and(|h| h.collectors_down == ["nvml"]))),
+        "heartbeat does not report nvml down"
+    );
+    let m = agent.scrape().expect("metrics");
+    assert_eq!(
+        metric(&m, "warden_agent_collector_up{collector=\"nvml\"}"),
+        Some(0.0)
+    );
+    assert_eq!(metric(&m, "warden_gpu_collector_up"), Some(0.0), "{m}");
+    assert_eq!(
+        metric(&m, "warden_agent_collector_up{collector=\"kmsg\"}"),
+        Some(1.0)
+    );
+    assert!(agent.alive());
+}
+
+#[test]
+fn training_logs_become_metrics_notable_lines_and_a_window() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent_port, controller_port) = (free_port(), free_port());
+    let sink = Sink::start(controller_port);
+    let missing = dir.path().join("no/libnvidia-ml.so.1");
+    let cfg = config(dir.path(), &missing, agent_port, controller_port);
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let mut text = std::fs::read_to_string(&cfg).expect("config");
+    text.push_str(&format!(
+        "logs:\n  sources:\n    - paths: [\"{}/rank_*.log\"]\n      job: llama-70b\n  partial_flush_ms: 200\n  multiline:\n    flush_ms: 200\n",
+        logs.display()
+    ));
+    std::fs::write(&cfg, text).expect("config");
+    let agent = AgentProc::start(&cfg, agent_port);
+
+    // A file that appears after start is read from its beginning.
+    let body = "\
+ iteration      100/  500000 | consumed samples:       102400 | elapsed time per iteration (ms): 412.3 | learning rate: 2.999E-04 | global batch size:  1024 | lm loss: 2.534100E+00 | loss scale: 1.0 | grad norm: 0.912 | number of skipped iterations:   0 | number of nan iterations:   0 |
+ iteration      101/  500000 | consumed samples:       103424 | elapsed time per iteration (ms): 411.9 | learning rate: 2.999E-04 | global batch size:  1024 | lm loss: 2.530000E+00 | loss scale: 1.0 | grad norm: 0.905 | number of skipped iterations:   0 | number of nan iterations:   0 |
+[INFO] saving nothing in particular
+Traceback (most recent call last):
+  File \"/workspace/train.py\", line 88, in <module>
+    main()
+  File \"/workspace/train.py\", line 80, in main
+    loss.backward()
+RuntimeError: CUDA error: an illegal memory access was encountered
+";
+    std::fs::write(logs.join("rank_3.log"), body).expect("log");
+    assert!(
+        sink.wait_for(Duration::from_secs(20), |b| {
+            let jobs = || {
+                b.iter()
+                    .flat_map(|b| b.jobs.iter())
+                    .filter(|j| j.job == "llama-70b")
+            };
+            jobs().map(|j| j.metrics.len()).sum::<usize>() >= 2
+                && jobs()
+                    .flat_map(|j| j.logs.iter())
+                    .any(|l| l.line.starts_with("Traceback"))
+        }),
+        "metrics and the traceback not shipped: {:?}",
+        sink.got
+            .lock()
+            .expect("lock")
+            .iter()
+            .flat_map(|b| b.jobs.clone())
+            .collect::<Vec<_>>()
+    );
+    let got = sink.got.lock().expect("lock").clone();
+    let job: Vec<_> = got
+        .iter()
+        .flat_map(|b| b.jobs.iter())
+        .filter(|j| j.job == "llama-70b")
+        .collect();
+    let m: Vec<_> = job.iter().flat_map(|j| j.metrics.iter()).collect();
+    assert_eq!((m[0].rank, m[0].step, m[0].loss), (3, 100, Some(2.5341)));
+    assert_eq!(m[0].grad_norm, Some(0.912));
+    let tb = job
+        .iter()
+        .flat_map(|j| j.logs.iter())
+        .find(|l| l.line.starts_with("Traceback"))
+        .expect("traceback");
+    assert!(
+        tb.line
+            .ends_with("an illegal memory access was encountered"),
+        "kept together: {}",
+        tb.line
+    );
+    assert_eq!(tb.rank, Some(3));
+    let shipped: Vec<&str> = job
+        .iter()
+        .flat_map(|j| j.logs.iter())
+        .map(|l| l.line.as_str())
+        .collect();
+    assert!(
+        !shipped.iter().any(|l| l.contains("saving nothing")),
+        "ordinary lines stay local"
+    );
+
+    // Every line is in the local window.
+    let around = tb.at_ns;
+    let window = http_get(
+        agent_port,
+        &format!("/api/v1/logs?job=llama-70b&rank=3&around={around}&before_secs=60&after_secs=5"),
+    )
+    .expect("log window");
+    assert!(window.contains("saving nothing in particular"), "{window}");
+    assert!(window.contains("illegal memory access"), "{window}");
+    let m = agent.scrape().expect("metrics");
+    assert_eq!(
+        metric(&m, "warden_agent_log_metrics_total"),
+        Some(2.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "warden_agent_collector_up{collector=\"logs\"}"),
+        Some(1.0)
+    );
+}

@@ -1,0 +1,164 @@
+//! Helpers for tests that run the `warden-agent` binary: a controller stand-in that
+//! decodes batches with the controller's own decoder, the agent process, and scraping
+//! its `/metrics`.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::routing::post;
+use warden_model::wire::Batch;
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The agent process; killed when dropped.
+pub struct AgentProc {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl AgentProc {
+    /// Start the agent with `config` and wait until it serves `/metrics` on `port`.
+    pub fn start(config: &Path, port: u16) -> AgentProc {
+        let child = Command::new(env!("CARGO_BIN_EXE_warden-agent"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the agent");
+        let agent = AgentProc { child, port };
+        let started = Instant::now();
+        while agent.scrape().is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "agent did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        agent
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+
+    /// The `/metrics` text, or `None` when the agent does not answer.
+    pub fn scrape(&self) -> Option<String> {
+        http_get(self.port, "/metrics")
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Body of `GET path` on 127.0.0.1:`port`.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut s, &mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+}
+
+/// The value of the series `name` (with its labels, exactly as exported).
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Resident set size of `pid`, KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A `/proc/<pid>/status` field in KiB.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A controller stand-in on 127.0.0.1:`port` that keeps every batch it can decode.
+pub struct Sink {
+    pub got: Arc<Mutex<Vec<Batch>>>,
+    pub bytes: Arc<Mutex<u64>>,
+}
+
+impl Sink {
+    pub fn start(port: u16) -> Sink {
+        let got: Arc<Mutex<Vec<Batch>>> = Arc::default();
+        let bytes: Arc<Mutex<u64>> = Arc::default();
+        let (sink, counted) = (got.clone(), bytes.clone());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
+            .expect("controller port");
+        let app = Router::new().route(
+            "/api/v1/ingest",
+            post(move |body: Bytes| {
+                let (sink, counted) = (sink.clone(), counted.clone());
+                async move {
+                    *counted.lock().expect("lock") += body.len() as u64;
+                    match Batch::decode_binary(&body) {
+                        Ok(b) => {
+                            sink.lock().expect("lock").push(b);
+                            axum::http::StatusCode::OK
+                        }
+                        Err(_) => axum::http::StatusCode::BAD_REQUEST,
+                    }
+                }
+            }),
+        );
+        std::thread::spawn(move || {
+            rt.block_on(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+        });
+        Sink { got, bytes }
+    }
+
+    /// Wait up to `limit` for `pred` to hold over the batches received.
+    pub fn wait_for(&self, limit: Duration, pred: impl Fn(&[Batch]) -> bool) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if pred(&self.got.lock().expect("lock")) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+}
