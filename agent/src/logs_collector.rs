@@ -3,6 +3,7 @@
 //! and the notable lines (tracebacks, errors, watchdog reports), rate-limited.
 
 use std::thread::JoinHandle;
+
 use std::time::{Duration, Instant};
 
 use crate::config::AgentConfig;
@@ -13,30 +14,7 @@ use crate::ship::{self, wall_ns};
 use crate::window::WindowLine;
 
 /// Interval between tailer polls.
-const POLL: Duration = Duration::from_millis(250);
-
-/// Literals that make a line worth shipping on its own (case-sensitive, as printed).
-const NOTABLE: [&str; 14] = [
-    "Error",
-    "ERROR",
-    "error:",
-    "Exception",
-    "Traceback",
-    "NCCL WARN",
-    "Watchdog",
-    "timed out",
-    "Timeout",
-    "Segmentation fault",
-    "Killed",
-    "core dumped",
-    "CUDA",
-    "nan",
-];
-
-/// Whether a line is worth shipping without being asked for.
-pub fn is_notable(line: &LogLine) -> bool {
-    line.lines > 1 || NOTABLE.iter().any(|n| line.text.contains(n))
-}
+const POLL: Duration = Duration::from_millis(500);
 
 /// At most `per_sec` lines a second, refilled continuously.
 #[derive(Debug)]
@@ -117,7 +95,7 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
                     }
                 }
                 if let Some(job) = line.job.as_deref() {
-                    if (found.watchdog.is_some() || is_notable(&line)) && limit.allow() {
+                    if (found.watchdog.is_some() || found.notable) && limit.allow() {
                         pending.log(job, line.to_record());
                     }
                 }
@@ -135,10 +113,12 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
         advance(&m.log_truncated, c.lines_truncated);
         advance(&m.log_rotations, c.rotations);
         m.log_files_open.set(c.files_open as i64);
-        m.records_dropped
-            .with_label_values(&["log_rate"])
-            .inc_by(limit.refused);
-        limit.refused = 0;
+        if limit.refused > 0 {
+            m.records_dropped
+                .with_label_values(&["log_rate"])
+                .inc_by(limit.refused);
+            limit.refused = 0;
+        }
         if !shared.sleep(POLL) {
             let mut rest = Vec::new();
             tailer.flush(wall_ns(), &mut rest);

@@ -230,6 +230,40 @@ pub struct Extracted {
     pub metric: Option<StepMetric>,
     /// A watchdog or timeout report.
     pub watchdog: Option<Watchdog>,
+    /// Worth shipping on its own: a traceback, or a line with one of
+    /// [`NOTABLE_NEEDLES`].
+    pub notable: bool,
+}
+
+/// Literals that make a line worth shipping on its own (case-sensitive, as printed).
+/// Each starts with bytes that ordinary lowercase log text rarely has, so the one-pass
+/// search seldom stops to verify a candidate.
+pub const NOTABLE_NEEDLES: [&str; 12] = [
+    "Error",
+    "ERROR",
+    "Exception",
+    "Traceback",
+    "NCCL WARN",
+    "Watchdog",
+    "Timeout",
+    "TIMEOUT",
+    "Timed out",
+    "Segmentation fault",
+    "Killed",
+    "CUDA error",
+];
+
+/// Whether `text` holds one of [`NOTABLE_NEEDLES`].
+pub fn is_notable_text(text: &str) -> bool {
+    static RE: OnceLock<Option<Regex>> = OnceLock::new();
+    let re = RE.get_or_init(|| {
+        let alternation: Vec<String> = NOTABLE_NEEDLES.iter().map(|n| regex::escape(n)).collect();
+        Regex::new(&alternation.join("|")).ok()
+    });
+    match re {
+        Some(re) => re.is_match(text),
+        None => NOTABLE_NEEDLES.iter().any(|n| text.contains(n)),
+    }
 }
 
 /// Most (file, rank, preset) step counters kept; beyond it they start again.
@@ -243,7 +277,8 @@ struct PresetSet {
     /// Matches any needle of any member; `None` when some member has no needle (every
     /// line must be tried).
     prefilter: Option<Regex>,
-    /// The same plus the watchdog needles: one scan rejects most lines for both.
+    /// The same plus the watchdog and notable needles: one scan rejects most lines for
+    /// all three.
     any: Option<Regex>,
 }
 
@@ -266,6 +301,7 @@ impl PresetSet {
         };
         let any = if all_have {
             needles.push(WATCHDOG_NEEDLES.to_string());
+            needles.extend(NOTABLE_NEEDLES.iter().map(|s| regex::escape(s)));
             Regex::new(&needles.join("|")).ok()
         } else {
             None
@@ -413,7 +449,10 @@ impl Extractor {
             .get(line.source_index)
             .unwrap_or(&self.default_set);
         if set.any.as_ref().is_some_and(|re| !re.is_match(&line.text)) {
-            return Extracted::default();
+            return Extracted {
+                notable: line.lines > 1,
+                ..Extracted::default()
+            };
         }
         Extracted {
             metric: self.metric(line),
@@ -421,6 +460,7 @@ impl Extractor {
                 w.rank = w.rank.or(line.rank);
                 w
             }),
+            notable: line.lines > 1 || is_notable_text(&line.text),
         }
     }
 
