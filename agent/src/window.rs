@@ -28,7 +28,7 @@ pub struct WindowLine {
 
 impl WindowLine {
     fn cost(&self) -> usize {
-        self.text.len() + 64
+        self.text.len() + LINE_COST
     }
 }
 
@@ -47,10 +47,99 @@ pub struct WindowQuery {
     pub limit: usize,
 }
 
-/// Recent lines, oldest first, at most `max_bytes` of text (plus a small per-line cost).
+/// Per-line bookkeeping besides the text, for the byte bound.
+const LINE_COST: usize = 64;
+
+/// Bytes in a circular buffer that grows up to the window's bound and then wraps:
+/// appending is one or two `memcpy`s, dropping from the front moves an index.
+#[derive(Debug, Default)]
+struct ByteRing {
+    buf: Vec<u8>,
+    head: usize,
+    len: usize,
+}
+
+impl ByteRing {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push_back(&mut self, bytes: &[u8], max: usize) {
+        if self.len + bytes.len() > self.buf.len() {
+            // Grow (up to the bound), unwrapping the contents first.
+            let want = (self.len + bytes.len())
+                .max(self.buf.len() * 2)
+                .min(max.max(self.len + bytes.len()));
+            let mut grown = Vec::with_capacity(want);
+            let (a, b) = self.slices();
+            grown.extend_from_slice(a);
+            grown.extend_from_slice(b);
+            grown.resize(want, 0);
+            self.buf = grown;
+            self.head = 0;
+        }
+        let cap = self.buf.len();
+        let tail = (self.head + self.len) % cap;
+        let first = bytes.len().min(cap - tail);
+        self.buf[tail..tail + first].copy_from_slice(&bytes[..first]);
+        self.buf[..bytes.len() - first].copy_from_slice(&bytes[first..]);
+        self.len += bytes.len();
+    }
+
+    fn pop_front(&mut self, n: usize) {
+        let n = n.min(self.len);
+        if !self.buf.is_empty() {
+            self.head = (self.head + n) % self.buf.len();
+        }
+        self.len -= n;
+    }
+
+    fn slices(&self) -> (&[u8], &[u8]) {
+        let cap = self.buf.len();
+        if cap == 0 {
+            return (&[], &[]);
+        }
+        let end = self.head + self.len;
+        if end <= cap {
+            (&self.buf[self.head..end], &[])
+        } else {
+            (&self.buf[self.head..], &self.buf[..end - cap])
+        }
+    }
+
+    /// Bytes `range` (offsets from the front), copied out.
+    fn copy_range(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        let (a, b) = self.slices();
+        let mut out = Vec::with_capacity(range.len());
+        let (s, e) = (range.start.min(self.len), range.end.min(self.len));
+        if s < a.len() {
+            out.extend_from_slice(&a[s..e.min(a.len())]);
+        }
+        if e > a.len() {
+            out.extend_from_slice(&b[s.saturating_sub(a.len())..e - a.len()]);
+        }
+        out
+    }
+}
+
+/// What is kept of a line besides its text, which lives in the window's byte ring.
+#[derive(Debug, Clone)]
+struct Meta {
+    at_ns: i64,
+    job: Option<Arc<str>>,
+    rank: Option<u32>,
+    source: Arc<str>,
+    stream: &'static str,
+    len: usize,
+}
+
+/// Recent lines, oldest first, at most `max_bytes` of text plus a small per-line cost.
+/// The text of every line sits in one ring of bytes, so keeping a line costs a copy
+/// and no allocation, and the caller's string is freed while still hot in cache.
 #[derive(Debug)]
 pub struct LogWindow {
-    lines: VecDeque<WindowLine>,
+    meta: VecDeque<Meta>,
+    text: ByteRing,
     bytes: usize,
     max_bytes: usize,
     /// Lines pushed out to stay within the bound, since start.
@@ -61,7 +150,8 @@ impl LogWindow {
     /// An empty window of `max_bytes`.
     pub fn new(max_bytes: usize) -> LogWindow {
         LogWindow {
-            lines: VecDeque::new(),
+            meta: VecDeque::new(),
+            text: ByteRing::default(),
             bytes: 0,
             max_bytes,
             evicted: 0,
@@ -74,42 +164,62 @@ impl LogWindow {
         if cost > self.max_bytes {
             return;
         }
-        self.bytes += cost;
-        self.lines.push_back(line);
-        while self.bytes > self.max_bytes {
-            match self.lines.pop_front() {
-                Some(old) => {
-                    self.bytes -= old.cost();
-                    self.evicted += 1;
-                }
-                None => break,
-            }
+        while self.bytes + cost > self.max_bytes {
+            let Some(old) = self.meta.pop_front() else {
+                break;
+            };
+            self.text.pop_front(old.len);
+            self.bytes -= old.len + LINE_COST;
+            self.evicted += 1;
         }
+        self.bytes += cost;
+        self.text.push_back(line.text.as_bytes(), self.max_bytes);
+        self.meta.push_back(Meta {
+            at_ns: line.at_ns,
+            job: line.job,
+            rank: line.rank,
+            source: line.source,
+            stream: line.stream,
+            len: line.text.len(),
+        });
     }
 
     /// Lines matching `q`, oldest first.
     pub fn query(&self, q: &WindowQuery) -> Vec<WindowLine> {
         // Lines arrive roughly in time order; scan from the newest end and stop once
         // well before the window (allowing for sources that lag each other).
-        let mut out: Vec<WindowLine> = Vec::new();
         const SLACK_NS: i64 = 60_000_000_000;
-        for l in self.lines.iter().rev() {
-            if l.at_ns < q.from_ns.saturating_sub(SLACK_NS) {
+        let mut out: Vec<WindowLine> = Vec::new();
+        let mut end = self.text.len();
+        for m in self.meta.iter().rev() {
+            let start = end - m.len;
+            let span = start..end;
+            end = start;
+            if m.at_ns < q.from_ns.saturating_sub(SLACK_NS) {
                 break;
             }
-            if l.at_ns < q.from_ns || l.at_ns > q.to_ns {
+            if m.at_ns < q.from_ns || m.at_ns > q.to_ns {
                 continue;
             }
             if q.job
                 .as_deref()
-                .is_some_and(|j| l.job.as_deref() != Some(j))
+                .is_some_and(|j| m.job.as_deref() != Some(j))
             {
                 continue;
             }
-            if q.rank.is_some_and(|r| l.rank != Some(r)) {
+            if q.rank.is_some_and(|r| m.rank != Some(r)) {
                 continue;
             }
-            out.push(l.clone());
+            let bytes = self.text.copy_range(span);
+            out.push(WindowLine {
+                at_ns: m.at_ns,
+                job: m.job.clone(),
+                rank: m.rank,
+                source: m.source.clone(),
+                stream: m.stream,
+                text: String::from_utf8(bytes)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+            });
             if out.len() >= q.limit {
                 break;
             }
@@ -126,12 +236,12 @@ impl LogWindow {
 
     /// Lines held.
     pub fn len(&self) -> usize {
-        self.lines.len()
+        self.meta.len()
     }
 
     /// Nothing held.
     pub fn is_empty(&self) -> bool {
-        self.lines.is_empty()
+        self.meta.is_empty()
     }
 }
 
@@ -186,5 +296,36 @@ mod tests {
             [986_000, 990_000],
             "the lines nearest the end are kept"
         );
+    }
+
+    #[test]
+    fn text_survives_the_ring_wrapping_around() {
+        let mut w = LogWindow::new(10 * (LINE_COST + 6));
+        for i in 0..1000 {
+            w.push(line(i, "a", 0, &format!("l{i:05}")));
+            assert!(w.bytes() <= 10 * (LINE_COST + 6));
+        }
+        let q = WindowQuery {
+            job: None,
+            rank: None,
+            from_ns: 0,
+            to_ns: 10_000,
+            limit: 100,
+        };
+        let texts: Vec<String> = w.query(&q).into_iter().map(|l| l.text).collect();
+        let want: Vec<String> = (990..1000).map(|i| format!("l{i:05}")).collect();
+        assert_eq!(texts, want);
+        // Lines of different lengths wrap at different places.
+        for i in 0..500 {
+            w.push(line(10_000 + i, "a", 0, &"x".repeat((i % 7) as usize)));
+        }
+        let q = WindowQuery {
+            from_ns: 10_490,
+            to_ns: 10_499,
+            ..q
+        };
+        let lens: Vec<usize> = w.query(&q).into_iter().map(|l| l.text.len()).collect();
+        let want: Vec<usize> = (490..500).map(|i| i % 7).collect();
+        assert_eq!(lens, want);
     }
 }
