@@ -157,7 +157,7 @@ fn nvml_loop(cfg: &AgentConfig, shared: &Shared, metrics: &GpuMetrics) {
         // Wait for hardware events for the rest of the interval: the loop's clock.
         loop {
             let left = interval.saturating_sub(tick.elapsed());
-            let wait = left.min(Duration::from_millis(500));
+            let wait = left;
             match source.poll_events(wait.as_millis() as u32, wall_ns()) {
                 Ok(evs) => events.extend(evs),
                 Err(_) => {

@@ -491,7 +491,7 @@ impl<T: Transport> Shipper<T> {
         let mut delivered = 0;
         while let Some(s) = self.outbox.pop_front() {
             frame_sealed(&s.payload, wall_ns(), &mut self.frame);
-            match self.transport.send(self.frame.clone()).await {
+            match self.transport.send(std::mem::take(&mut self.frame)).await {
                 Ok(()) => {
                     delivered += 1;
                     self.on_success(now);
@@ -516,7 +516,7 @@ impl<T: Transport> Shipper<T> {
         if idle {
             let b = self.batch(pending_dropped);
             frame_sealed(&b.seal(), wall_ns(), &mut self.frame);
-            match self.transport.send(self.frame.clone()).await {
+            match self.transport.send(std::mem::take(&mut self.frame)).await {
                 Ok(()) | Err(SendError::Refused { .. }) => self.on_success(now),
                 Err(e) => self.failed(&e, now),
             }

@@ -560,6 +560,9 @@ impl Batch {
     /// [`frame_sealed`] stamps the send time when it goes out, so a batch kept through
     /// an outage does not carry a stale clock reading.
     pub fn seal(&self) -> Vec<u8> {
+        if self.sent_at_ns == 0 {
+            return self.encode_to_vec();
+        }
         let mut b = self.clone();
         b.sent_at_ns = 0;
         b.encode_to_vec()
