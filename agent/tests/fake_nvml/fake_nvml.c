@@ -840,8 +840,8 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
         pthread_mutex_unlock(&lock);
         long long left = deadline - now_us();
         if (left <= 0) return NVML_ERROR_TIMEOUT;
-        /* The real library blocks in the kernel; poll the state file at 20 Hz so the
+        /* The real library blocks in the kernel; poll the state file at 4 Hz so the
          * fake costs about as little CPU while a caller waits. */
-        sleep_ms(left > 50000 ? 50 : (unsigned int)((left + 999) / 1000));
+        sleep_ms(left > 250000 ? 250 : (unsigned int)((left + 999) / 1000));
     }
 }
