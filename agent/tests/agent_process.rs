@@ -260,3 +260,41 @@ RuntimeError: CUDA error: an illegal memory access was encountered
         Some(1.0)
     );
 }
+
+#[test]
+fn a_bad_config_names_the_field_and_exits_64_before_binding() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = dir.path().join("bad.yaml");
+    std::fs::write(
+        &cfg,
+        format!("listen: 127.0.0.1:{port}\ncontroller:\n  flush_interval_ms: 5\nlogs:\n  sources:\n    - paths: [\"/x/*.log\"]\n      format: json\n"),
+    )
+    .expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_warden-agent"))
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .expect("run the agent");
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("field `controller.flush_interval_ms`"),
+        "{err}"
+    );
+    assert!(err.contains("logs"), "{err}");
+    assert!(
+        std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+        "no port was bound"
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_warden-agent"))
+        .args(["--no-such-flag"])
+        .output()
+        .expect("run the agent");
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "a bad flag is a configuration error too"
+    );
+}
