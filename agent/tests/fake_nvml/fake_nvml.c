@@ -358,13 +358,25 @@ static void parse_line(struct state *s, char *line) {
 
 /* The state file: next to this library, else $FAKE_NVML_STATE. */
 static int state_path(char *out, size_t len) {
+    /* Found once next to the library, the path does not change: remember it, so a
+     * query costs one stat (for changes), not a symbol lookup and two stats. */
+    static char found[4096];
+    if (found[0]) {
+        size_t n = strlen(found);
+        if (n + 1 > len) return 0;
+        memcpy(out, found, n + 1);
+        return 1;
+    }
     Dl_info info;
     if (dladdr((void *)&state_path, &info) && info.dli_fname) {
         const char *slash = strrchr(info.dli_fname, '/');
         if (slash) {
             struct stat sb;
             snprintf(out, len, "%.*s/fake_nvml.state", (int)(slash - info.dli_fname), info.dli_fname);
-            if (stat(out, &sb) == 0) return 1;
+            if (stat(out, &sb) == 0) {
+                snprintf(found, sizeof found, "%s", out);
+                return 1;
+            }
         }
     }
     const char *env = getenv("FAKE_NVML_STATE");
