@@ -1,8 +1,6 @@
 //! Bounded line assembly: bytes in, finished lines out, never more than `max` bytes
 //! held for one line however long the line is.
 
-use std::sync::OnceLock;
-
 /// Assembles lines from chunks of bytes.
 ///
 /// A line ends at `\n`; with `split_cr`, also at `\r` (progress bars redraw with `\r`),
@@ -56,15 +54,13 @@ impl LineBuf {
         split_cr: bool,
         emit: &mut F,
     ) {
-        let finder = terminators(split_cr);
         let mut rest = data;
         while !rest.is_empty() {
-            let found = match finder {
-                Some(re) => re.find(rest).map(|m| m.start()),
-                None if split_cr => rest
-                    .iter()
-                    .position(|&b| b == b'\n' || b == b'\r' || b == 0),
-                None => rest.iter().position(|&b| b == b'\n' || b == 0),
+            // A vectorised search for the bytes that end or interrupt a line.
+            let found = if split_cr {
+                memchr::memchr3(b'\n', b'\r', 0, rest)
+            } else {
+                memchr::memchr2(b'\n', 0, rest)
             };
             let Some(i) = found else {
                 self.take(rest, false, max, emit);
@@ -144,21 +140,6 @@ impl LineBuf {
             self.buf.clear();
         }
     }
-}
-
-/// A vectorised search for the bytes that end or interrupt a line (the regex engine
-/// runs `memchr3` for a class of three bytes); `None` only if it cannot be built, and
-/// then a plain byte loop does the same.
-fn terminators(split_cr: bool) -> Option<&'static regex::bytes::Regex> {
-    static WITH_CR: OnceLock<Option<regex::bytes::Regex>> = OnceLock::new();
-    static WITHOUT_CR: OnceLock<Option<regex::bytes::Regex>> = OnceLock::new();
-    let (cell, pattern) = if split_cr {
-        (&WITH_CR, r"[\n\r\x00]")
-    } else {
-        (&WITHOUT_CR, r"[\n\x00]")
-    };
-    cell.get_or_init(|| regex::bytes::Regex::new(pattern).ok())
-        .as_ref()
 }
 
 /// Length of the longest prefix of `b` that does not end inside a UTF-8 sequence (as far
