@@ -24,7 +24,7 @@ use crate::ship::{self, HttpTransport, Identity, SharedPending, Shipper, wall_ns
 use crate::window::LogWindow;
 
 /// Interval between kernel-log polls.
-const KMSG_POLL: Duration = Duration::from_millis(250);
+const KMSG_POLL: Duration = Duration::from_millis(500);
 /// Most kernel lines handled per poll (a flood is worked off over several polls).
 const KMSG_LINES_PER_POLL: usize = 200_000;
 /// Interval between re-reports of repeat counts.
