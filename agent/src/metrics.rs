@@ -13,8 +13,6 @@ pub struct AgentMetrics {
     pub batches_failed: IntCounter,
     /// Records dropped, by reason.
     pub records_dropped: IntCounterVec,
-    /// Records dropped because the outbox was full (mirrors `records_dropped`).
-    pub dropped_records: DroppedRecords,
     /// Payload bytes held in the outbox.
     pub buffer_bytes: IntGauge,
     /// Batches held in the outbox.
@@ -43,18 +41,6 @@ pub struct AgentMetrics {
     pub log_files_open: IntGauge,
     /// Training metrics extracted from logs.
     pub log_metrics: IntCounter,
-}
-
-/// The `buffer_full` series of `warden_agent_records_dropped_total`, moved forward to a
-/// running total kept elsewhere.
-#[derive(Debug, Clone)]
-pub struct DroppedRecords(IntCounterVec);
-
-impl DroppedRecords {
-    /// Raise the `reason` series to `total` (counters never go down).
-    pub fn reset_to(&self, total: u64, reason: &str) {
-        advance(&self.0.with_label_values(&[reason]), total);
-    }
 }
 
 /// Raise `c` to `total` when the running total moved past it.
@@ -123,7 +109,6 @@ impl AgentMetrics {
                 "warden_agent_batches_failed_total",
                 "Delivery attempts that failed and will be retried.",
             )?,
-            dropped_records: DroppedRecords(records_dropped.clone()),
             records_dropped,
             buffer_bytes: gauge(
                 r,

@@ -23,7 +23,7 @@ use warden_model::wire::{
 };
 
 use crate::config::ShipConfig;
-use crate::metrics::AgentMetrics;
+use crate::metrics::{AgentMetrics, advance};
 
 /// Records waiting for the next batch. Collectors add to it from their own threads.
 #[derive(Debug, Default)]
@@ -358,6 +358,10 @@ pub struct Shipper<T> {
     metrics: Option<Arc<AgentMetrics>>,
     collectors_down: Arc<Mutex<Vec<String>>>,
     frame: Vec<u8>,
+    /// Records refused by the controller (400, 413), since start.
+    refused_records: u64,
+    /// Records the pending set refused, as of the last seal.
+    pending_dropped: u64,
     /// Whether the last attempt reached the controller.
     pub connected: bool,
 }
@@ -380,6 +384,8 @@ impl<T: Transport> Shipper<T> {
             metrics: None,
             collectors_down: Arc::default(),
             frame: Vec::new(),
+            refused_records: 0,
+            pending_dropped: 0,
             connected: false,
         }
     }
@@ -406,9 +412,14 @@ impl<T: Transport> Shipper<T> {
         self.failed_batches
     }
 
-    fn heartbeat(&self, pending_dropped: u64) -> Heartbeat {
+    /// Records given up for any reason, since start.
+    pub fn dropped_records(&self) -> u64 {
+        self.outbox.dropped_records + self.refused_records + self.pending_dropped
+    }
+
+    fn heartbeat(&self) -> Heartbeat {
         Heartbeat {
-            dropped_records: self.outbox.dropped_records + pending_dropped,
+            dropped_records: self.dropped_records(),
             failed_batches: self.failed_batches,
             collectors_down: self
                 .collectors_down
@@ -418,29 +429,29 @@ impl<T: Transport> Shipper<T> {
         }
     }
 
-    fn batch(&mut self, pending_dropped: u64) -> Batch {
+    fn batch(&mut self) -> Batch {
         self.seq += 1;
         Batch {
             node: self.id.node.clone(),
             agent_id: self.id.agent_id.clone(),
             boot_id: self.id.boot_id.clone(),
             seq: self.seq,
-            heartbeat: Some(self.heartbeat(pending_dropped)),
+            heartbeat: Some(self.heartbeat()),
             ..Batch::default()
         }
     }
 
     /// Seal what is pending into the outbox; returns the records sealed.
     pub fn seal(&mut self, pending: &SharedPending) -> usize {
-        let (gpus, events, jobs, n, dropped) = {
+        let (gpus, events, jobs, n) = {
             let mut p = lock(pending);
+            self.pending_dropped = p.dropped;
             if p.is_empty() {
                 return 0;
             }
-            let (g, e, j, n) = p.take();
-            (g, e, j, n, p.dropped)
+            p.take()
         };
-        let mut b = self.batch(dropped);
+        let mut b = self.batch();
         b.gpus = gpus;
         b.events = events;
         b.jobs = jobs;
@@ -458,8 +469,13 @@ impl<T: Transport> Shipper<T> {
         if let Some(m) = &self.metrics {
             m.buffer_bytes.set(self.outbox.bytes() as i64);
             m.buffer_batches.set(self.outbox.len() as i64);
-            m.dropped_records
-                .reset_to(self.outbox.dropped_records, "buffer_full");
+            for (reason, total) in [
+                ("buffer_full", self.outbox.dropped_records),
+                ("refused", self.refused_records),
+                ("pending_full", self.pending_dropped),
+            ] {
+                advance(&m.records_dropped.with_label_values(&[reason]), total);
+            }
             m.controller_up.set(i64::from(self.connected));
         }
     }
@@ -483,7 +499,7 @@ impl<T: Transport> Shipper<T> {
 
     /// Try to deliver what the outbox holds, oldest first, and a heartbeat when idle.
     /// Returns the batches delivered.
-    pub async fn deliver(&mut self, pending_dropped: u64) -> usize {
+    pub async fn deliver(&mut self) -> usize {
         let now = Instant::now();
         if now < self.next_attempt {
             return 0;
@@ -499,7 +515,7 @@ impl<T: Transport> Shipper<T> {
                 Err(SendError::Refused { status, body }) => {
                     // Retrying cannot help this batch; the next one may be fine.
                     tracing::error!(status, %body, seq = s.seq, records = s.records, "controller refused a batch; dropping it");
-                    self.outbox.dropped_records += s.records as u64;
+                    self.refused_records += s.records as u64;
                     self.on_success(now);
                 }
                 Err(e) => {
@@ -514,7 +530,7 @@ impl<T: Transport> Shipper<T> {
             .last_delivery
             .is_none_or(|t| now.duration_since(t) >= self.cfg.heartbeat_interval);
         if idle {
-            let b = self.batch(pending_dropped);
+            let b = self.batch();
             frame_sealed(&b.seal(), wall_ns(), &mut self.frame);
             match self.transport.send(std::mem::take(&mut self.frame)).await {
                 Ok(()) | Err(SendError::Refused { .. }) => self.on_success(now),
@@ -548,15 +564,13 @@ impl<T: Transport> Shipper<T> {
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => {
                     self.seal(&pending);
-                    let dropped = lock(&pending).dropped;
                     self.next_attempt = Instant::now();
-                    self.deliver(dropped).await;
+                    self.deliver().await;
                     return;
                 }
             }
             self.seal(&pending);
-            let dropped = lock(&pending).dropped;
-            self.deliver(dropped).await;
+            self.deliver().await;
         }
     }
 }
@@ -625,7 +639,7 @@ mod tests {
                 sample(n)
             }));
             sh.seal(&pending);
-            sh.deliver(0).await;
+            sh.deliver().await;
             assert!(
                 sh.outbox().bytes() <= bound,
                 "{} > {bound}",
@@ -647,7 +661,7 @@ mod tests {
         // The controller returns: everything kept arrives, oldest first.
         fake.down.store(false, Ordering::SeqCst);
         tokio::time::advance(Duration::from_secs(31)).await;
-        let delivered = sh.deliver(0).await;
+        let delivered = sh.deliver().await;
         assert_eq!(delivered, kept);
         let got = fake.got.lock().expect("lock");
         assert_eq!(got.len(), kept);
@@ -676,7 +690,7 @@ mod tests {
         let pending = SharedPending::default();
         for _ in 0..12 {
             sh.seal(&pending);
-            sh.deliver(0).await;
+            sh.deliver().await;
             tokio::time::advance(Duration::from_secs(1)).await;
         }
         let got = fake.got.lock().expect("lock");
@@ -705,10 +719,25 @@ mod tests {
         let pending = SharedPending::default();
         lock(&pending).gpus([sample(1)]);
         sh.seal(&pending);
-        sh.deliver(0).await;
+        sh.deliver().await;
         assert!(sh.outbox().is_empty());
-        assert_eq!(sh.outbox().dropped_records, 1);
+        assert_eq!(sh.outbox().dropped_records, 0, "not a buffer drop");
+        assert_eq!(sh.dropped_records(), 1);
         assert_eq!(*t.0.lock().expect("lock"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_the_pending_set_refused_are_reported_in_the_heartbeat() {
+        let fake = Fake::default();
+        let mut sh = Shipper::new(ShipConfig::default(), fake.clone(), id());
+        let pending = SharedPending::default();
+        lock(&pending).gpus((0..MAX_PENDING_RECORDS as u64 + 3).map(sample));
+        sh.seal(&pending);
+        sh.deliver().await;
+        assert_eq!(sh.dropped_records(), 3);
+        let got = fake.got.lock().expect("lock");
+        let hb = got[0].heartbeat.as_ref().expect("heartbeat");
+        assert_eq!(hb.dropped_records, 3);
     }
 
     #[test]
