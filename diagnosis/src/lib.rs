@@ -1,0 +1,10 @@
+//! Log diagnosis: classify a failure from its logs into one of Warden's categories, name
+//! the culprit rank / node / GPU, and pick the evidence lines that show it.
+//!
+//! The deterministic path (rules, template mining, evidence selection) answers on its
+//! own; an LLM may refine the answer where rules run out, but only ever recommends.
+//! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
+
+pub mod model;
+
+pub use model::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus, LogLine};
