@@ -32,7 +32,10 @@ pub struct AgentProc {
 impl AgentProc {
     /// Start the agent with `config` and wait until it serves `/metrics` on `port`.
     pub fn start(config: &Path, port: u16) -> AgentProc {
-        let child = Command::new(env!("CARGO_BIN_EXE_warden-agent"))
+        // WARDEN_AGENT_BIN runs another build of the agent (to compare two builds).
+        let bin = std::env::var_os("WARDEN_AGENT_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_warden-agent").into());
+        let child = Command::new(bin)
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "warn")
