@@ -6,5 +6,6 @@
 //! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
 
 pub mod model;
+pub mod redact;
 
 pub use model::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus, LogLine};
