@@ -23,8 +23,9 @@
 //! one [`Pseudonyms`] map, so the model can still tell nodes apart and its answer can be
 //! translated back with [`Pseudonyms::reveal`]. Host names are found by the caller's list
 //! of known names (e.g. the nodes a rules answer names), by their position in common log
-//! prefixes (NCCL `host:pid:tid`, syslog, `hostname=`), and as fully qualified names with
-//! a common suffix; every occurrence of a name found anywhere in a batch is replaced in
+//! prefixes (NCCL `host:pid:tid`, syslog, `hostname=`), as fully qualified names with a
+//! common suffix, and as dashed names ending in a number (`gpu-node-26`, except common
+//! words such as `utf-8`, `rank-3`, `cuda-12` and path components); every occurrence of a name found anywhere in a batch is replaced in
 //! every line of it.
 //!
 //! Each line is scanned once by a [`RegexSet`] that says which patterns occur; only those
@@ -311,6 +312,13 @@ fn network_patterns() -> Vec<Pattern> {
             r#"(?i)\b(?:host_?name|host|node_?name|node)\s*[=:]\s*["']?([A-Za-z][A-Za-z0-9.-]*[A-Za-z0-9])"#,
             plausible_host,
         ),
+        // Cluster-style names: dashed, ending in a number (`gpu-node-26`, `dgx-a100-017`).
+        p(
+            Kind::Fqdn,
+            1,
+            r"(?:^|[^/A-Za-z0-9_.-])([a-z][a-z0-9]*(?:-[a-z0-9]+)*-[0-9]{1,5})\b",
+            dashed_host,
+        ),
         p(
             Kind::Fqdn,
             0,
@@ -318,6 +326,55 @@ fn network_patterns() -> Vec<Pattern> {
             always,
         ),
     ]
+}
+
+/// A dashed name ending in a number that is not a well-known non-host word
+/// (`utf-8`, `rank-3`, `step-100`, `cuda-12`, ...).
+fn dashed_host(s: &str) -> bool {
+    let first = s.split('-').next().unwrap_or("");
+    !matches!(
+        first,
+        "utf"
+            | "iso"
+            | "sha"
+            | "x86"
+            | "rank"
+            | "step"
+            | "epoch"
+            | "iter"
+            | "cuda"
+            | "cu"
+            | "sm"
+            | "run"
+            | "py"
+            | "python"
+            | "nccl"
+            | "torch"
+            | "v"
+            | "version"
+            | "layer"
+            | "block"
+            | "shard"
+            | "part"
+            | "ckpt"
+            | "checkpoint"
+            | "batch"
+            | "worker"
+            | "job"
+            | "local"
+            | "world"
+            | "pid"
+            | "tid"
+            | "thread"
+            | "port"
+            | "int"
+            | "float"
+            | "bf"
+            | "fp"
+            | "e"
+            | "sec"
+            | "ms"
+    ) && plausible_host(s)
 }
 
 /// A captured host name that is a name, not a keyword or a number.
@@ -722,6 +779,25 @@ mod tests {
         assert_eq!(
             map.reveal("rank 12 on host-2 (ip-1); host-99 unknown"),
             "rank 12 on gpu-node-27 (10.0.0.7); host-99 unknown"
+        );
+    }
+
+    #[test]
+    fn dashed_names_ending_in_a_number_are_hosts_but_common_words_are_not() {
+        let opts = RedactOptions {
+            hosts: true,
+            ips: false,
+        };
+        let (out, _) = batch(
+            opts,
+            &[
+                "peers gpu-node-1 gpu-node-2, dgx-a100-017; utf-8 rank-3 /ckpt/run-42/x cuda-12 worker-3",
+            ],
+            &[],
+        );
+        assert_eq!(
+            out[0],
+            "peers host-1 host-2, host-3; utf-8 rank-3 /ckpt/run-42/x cuda-12 worker-3"
         );
     }
 
