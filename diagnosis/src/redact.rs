@@ -12,6 +12,10 @@
 //! | e-mail addresses | `alice@example.com` |
 //! | bare base64 blobs | 40+ characters mixing upper, lower and digits, at most one `/` per 16 characters (PEM body lines, cloud secret keys) |
 //!
+//! Within a batch ([`Redactor::redact_batch`]) a secret value found in one string (say
+//! `password=hunter2x` in a log line) is also removed wherever it recurs bare in the
+//! others (the same password quoted in an explanation), if it is 6 characters or more.
+//!
 //! Kept on purpose, because diagnosis needs them and they are not secrets: rank numbers,
 //! PCI bus ids (`0000:3b:00.0`), XID codes, GPU UUIDs, CUDA error names, versions,
 //! paths, and hexadecimal numbers of any length when no secret key names them (NCCL
@@ -177,6 +181,10 @@ fn secret_value(s: &str) -> bool {
     let v = s.trim_matches(|c| c == '"' || c == '\'');
     !v.is_empty() && !v.starts_with("[REDACTED")
 }
+
+/// Shortest secret value that is also searched for in the other strings of a batch
+/// (shorter ones would hit ordinary words).
+const MIN_ECHOED_SECRET: usize = 6;
 
 const SECRET_KEY: &str = r"[A-Za-z0-9_.-]*(?:password|passwd|passphrase|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key|client[_-]?secret|credentials?|PWD)";
 
@@ -509,11 +517,18 @@ impl Redactor {
         if self.options.hosts {
             host_names.extend(known_hosts.iter().filter(|h| plausible_host(h)).cloned());
         }
+        let mut secret_values: Vec<(String, &'static str)> = Vec::new();
         for t in texts {
             let t = t.as_ref();
             let mut s = Vec::new();
             secrets().spans(t, &mut s);
             let secret_spans = resolve(s, &[]);
+            for sp in &secret_spans {
+                let value = t[sp.start..sp.end].trim_matches(|c| c == '"' || c == '\'');
+                if let (Kind::Secret(label), true) = (sp.kind, value.len() >= MIN_ECHOED_SECRET) {
+                    secret_values.push((value.to_owned(), label));
+                }
+            }
             let mut n = Vec::new();
             if net_wanted {
                 network().spans(t, &mut n);
@@ -545,8 +560,38 @@ impl Redactor {
             Regex::new(&format!(r"(?i)(?:^|\b)(?:{})(?:\b|$)", alt.join("|"))).ok()
         };
         let mut out = Vec::with_capacity(texts.len());
+        // A secret found in one string is removed from all of them, wherever it is.
+        secret_values.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        secret_values.dedup_by(|a, b| a.0 == b.0);
+        let echo_re = if secret_values.is_empty() {
+            None
+        } else {
+            let alt: Vec<String> = secret_values
+                .iter()
+                .map(|(v, _)| regex::escape(v))
+                .collect();
+            Regex::new(&alt.join("|")).ok()
+        };
         for (t, (secret_spans, mut net)) in texts.iter().zip(per_line) {
             let t = t.as_ref();
+            let secret_spans = match &echo_re {
+                Some(re) => {
+                    let mut all = secret_spans.clone();
+                    for m in re.find_iter(t) {
+                        let label = secret_values
+                            .iter()
+                            .find(|(v, _)| v == m.as_str())
+                            .map_or("secret", |(_, l)| *l);
+                        all.push(Span {
+                            start: m.start(),
+                            end: m.end(),
+                            kind: Kind::Secret(label),
+                        });
+                    }
+                    resolve(all, &[])
+                }
+                None => secret_spans,
+            };
             if let Some(re) = &host_re {
                 net.retain(|s| matches!(s.kind, Kind::Ipv4 | Kind::Ipv6));
                 for m in re.find_iter(t) {
@@ -809,6 +854,27 @@ mod tests {
         };
         let (out, _) = batch(opts, &["trainer on dgx017 died", "dgx017."], &["dgx017"]);
         assert_eq!(out, ["trainer on host-1 died", "host-1."]);
+    }
+
+    #[test]
+    fn a_secret_found_once_is_removed_everywhere_in_the_batch() {
+        let (out, _) = batch(
+            RedactOptions::default(),
+            &[
+                "login password=hunter2-horse",
+                "the password was hunter2-horse, sadly",
+                "pwd=abc",
+            ],
+            &[],
+        );
+        assert_eq!(
+            out,
+            [
+                "login password=[REDACTED:secret]",
+                "the password was [REDACTED:secret], sadly",
+                "pwd=[REDACTED:secret]"
+            ]
+        );
     }
 
     #[test]
