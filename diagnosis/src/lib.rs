@@ -6,6 +6,7 @@
 //! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
 
 pub mod llm;
+pub mod llm_eval;
 pub mod model;
 pub mod redact;
 

@@ -738,3 +738,71 @@ async fn an_unreachable_endpoint_falls_back() {
     let (d, outcome) = llm.refine(&rules_answer(), &evidence()).await;
     assert_fell_back(&d, &outcome, "transport");
 }
+
+#[tokio::test]
+async fn a_corpus_is_scored_case_by_case() {
+    use warden_diagnosis::llm_eval::{EvalCase, evaluate_corpus};
+
+    // The server answers gpu_hardware_xid / hardware, right for the first case only;
+    // the third answer is broken, so that case keeps the rules' answer.
+    let server = TestServer::start(vec![]).await;
+    let llm = LlmDiagnoser::new(server.config()).expect("client");
+    let case = |id: &str, category, locus, excerpt: &str| EvalCase {
+        id: id.to_owned(),
+        category,
+        fault_locus: locus,
+        excerpt: excerpt.to_owned(),
+    };
+    let xid = evidence()
+        .iter()
+        .map(|l| l.text.clone())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let cases = vec![
+        case(
+            "xid",
+            Some(Category::GpuHardwareXid),
+            Some(FaultLocus::Hardware),
+            &xid,
+        ),
+        case(
+            "oom",
+            Some(Category::GpuOom),
+            Some(FaultLocus::UserCode),
+            &format!("{xid}\nCUDA out of memory"),
+        ),
+        case("none", None, None, "all quiet"),
+    ];
+    // A stand-in for the rules: evidence lines numbered from 11, a fixed rules answer.
+    let rules = |excerpt: &str| {
+        let ev: Vec<EvidenceLine> = excerpt
+            .lines()
+            .enumerate()
+            .map(|(i, t)| line(11 + i as u64, t))
+            .collect();
+        let mut d = rules_answer();
+        d.evidence = ev.clone();
+        if ev.len() == 1 {
+            d = Diagnosis::unknown();
+        }
+        (d, ev)
+    };
+    let report = evaluate_corpus(&llm, &cases, rules).await;
+    let ids: Vec<&str> = report.cases.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["xid", "oom", "none"]);
+    let s = report.summary();
+    assert_eq!(s.cases, 3);
+    assert_eq!(s.rules_category_correct, 1, "only `none` (both None)");
+    assert_eq!(
+        s.llm_category_correct, 2,
+        "`xid`, and `none` where the rules stand"
+    );
+    assert_eq!(s.llm_locus_correct, 2);
+    assert!(report.cases[0].llm_category_correct() && !report.cases[0].rules_category_correct());
+    assert!(!report.cases[1].llm_category_correct());
+    // Case `none` has one evidence line (id 11), which the good answer's [12] does not
+    // match: the model's answer is invalid and the rules' answer stands.
+    assert_eq!(s.refined, 2, "{s:?}");
+    assert_eq!(s.fallbacks.get("invalid"), Some(&1), "{s:?}");
+    assert_eq!(server.requests(), 3);
+}
