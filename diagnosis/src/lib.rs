@@ -5,6 +5,9 @@
 //! own; an LLM may refine the answer where rules run out, but only ever recommends.
 //! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
 
+pub mod llm;
+pub mod llm_eval;
 pub mod model;
+pub mod redact;
 
 pub use model::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus, LogLine};

@@ -1,0 +1,889 @@
+//! Redaction of log text before it leaves the process: secrets always, host names and
+//! IP addresses on request (replaced by stable pseudonyms that can be translated back).
+//!
+//! What is removed, and what deliberately is not:
+//!
+//! | removed (`[REDACTED:<kind>]`) | examples |
+//! |---|---|
+//! | private keys | a PEM `-----BEGIN ... PRIVATE KEY-----` block, or its start when cut |
+//! | API tokens by shape | `sk-...`, `ghp_...`/`github_pat_...`, `xoxb-...`, `hf_...`, `AKIA...`, JWTs, `Bearer ...` |
+//! | values of secret keys | `password=`, `PGPASSWORD=`, `api_key:`, `token=`, `secret=`, `--password x`, `"passwd": "x"` |
+//! | URL credentials | `https://user:pass@host` |
+//! | e-mail addresses | `alice@example.com` |
+//! | bare base64 blobs | 40+ characters mixing upper, lower and digits, at most one `/` per 16 characters (PEM body lines, cloud secret keys) |
+//!
+//! Within a batch ([`Redactor::redact_batch`]) a secret value found in one string (say
+//! `password=hunter2x` in a log line) is also removed wherever it recurs bare in the
+//! others (the same password quoted in an explanation), if it is 6 characters or more.
+//!
+//! Kept on purpose, because diagnosis needs them and they are not secrets: rank numbers,
+//! PCI bus ids (`0000:3b:00.0`), XID codes, GPU UUIDs, CUDA error names, versions,
+//! paths, and hexadecimal numbers of any length when no secret key names them (NCCL
+//! communicator hashes and ids such as `commHash 0x7f3a9b2c1d4e5f60`, addresses, git
+//! hashes). A hex string only goes when it is the value of a secret key (`token=9f...`).
+//!
+//! Host names and IP addresses are kept unless configured otherwise; when redacted each
+//! distinct one becomes `host-N` / `ip-N`, the same one always the same pseudonym within
+//! one [`Pseudonyms`] map, so the model can still tell nodes apart and its answer can be
+//! translated back with [`Pseudonyms::reveal`]. Host names are found by the caller's list
+//! of known names (e.g. the nodes a rules answer names), by their position in common log
+//! prefixes (NCCL `host:pid:tid`, syslog, `hostname=`), as fully qualified names with a
+//! common suffix, and as dashed names ending in a number (`gpu-node-26`, except common
+//! words such as `utf-8`, `rank-3`, `cuda-12` and path components); every occurrence of a name found anywhere in a batch is replaced in
+//! every line of it.
+//!
+//! Each line is scanned once by a [`RegexSet`] that says which patterns occur; only those
+//! are then run. Redaction is a pure function of its input and the pseudonym map.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::Ipv6Addr;
+use std::sync::OnceLock;
+
+use regex::{Regex, RegexSet};
+
+/// What to do with host names and IP addresses (secrets are always removed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RedactOptions {
+    /// Replace host names by `host-N` pseudonyms.
+    pub hosts: bool,
+    /// Replace IPv4 and IPv6 addresses by `ip-N` pseudonyms.
+    pub ips: bool,
+}
+
+/// The local map between real host names / addresses and their pseudonyms. It never
+/// leaves the process.
+#[derive(Debug, Clone, Default)]
+pub struct Pseudonyms {
+    hosts: HashMap<String, String>,
+    ips: HashMap<String, String>,
+    real: HashMap<String, String>,
+}
+
+impl Pseudonyms {
+    /// An empty map.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The pseudonym of a host name (case-insensitive), assigning the next one if new.
+    pub fn host(&mut self, name: &str) -> String {
+        let key = name.to_ascii_lowercase();
+        if let Some(p) = self.hosts.get(&key) {
+            return p.clone();
+        }
+        let p = format!("host-{}", self.hosts.len() + 1);
+        self.hosts.insert(key, p.clone());
+        self.real.insert(p.clone(), name.to_owned());
+        p
+    }
+
+    /// The pseudonym of an IP address, assigning the next one if new.
+    pub fn ip(&mut self, addr: &str) -> String {
+        let key = addr.to_ascii_lowercase();
+        if let Some(p) = self.ips.get(&key) {
+            return p.clone();
+        }
+        let p = format!("ip-{}", self.ips.len() + 1);
+        self.ips.insert(key, p.clone());
+        self.real.insert(p.clone(), addr.to_owned());
+        p
+    }
+
+    /// The real name behind a pseudonym, if it is one of ours.
+    pub fn real(&self, pseudonym: &str) -> Option<&str> {
+        self.real.get(pseudonym).map(String::as_str)
+    }
+
+    /// `text` with every pseudonym of this map replaced by the real name. Words that
+    /// look like pseudonyms but were never assigned are left alone.
+    pub fn reveal(&self, text: &str) -> String {
+        if self.real.is_empty() {
+            return text.to_owned();
+        }
+        let Some(re) = pseudonym_re() else {
+            return text.to_owned();
+        };
+        re.replace_all(text, |c: &regex::Captures<'_>| {
+            let word = &c[0];
+            self.real(word).unwrap_or(word).to_owned()
+        })
+        .into_owned()
+    }
+
+    /// Whether no pseudonym was assigned.
+    pub fn is_empty(&self) -> bool {
+        self.real.is_empty()
+    }
+}
+
+fn pseudonym_re() -> Option<&'static Regex> {
+    static RE: OnceLock<Option<Regex>> = OnceLock::new();
+    RE.get_or_init(|| compiled(r"\b(?:host|ip)-[0-9]+\b"))
+        .as_ref()
+}
+
+/// Compiles a pattern of this module. The patterns are constants checked by the tests,
+/// so failure is a bug here, not bad input: it is logged and the pattern left out.
+fn compiled(pattern: &str) -> Option<Regex> {
+    Regex::new(pattern)
+        .inspect_err(|e| tracing::error!(error = %e, "redaction pattern does not compile"))
+        .ok()
+}
+
+/// What a span is replaced by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A secret: replaced by `[REDACTED:<label>]`.
+    Secret(&'static str),
+    /// An IPv4 address.
+    Ipv4,
+    /// An IPv6 address (checked by parsing).
+    Ipv6,
+    /// A host name in a structural position (capture group 1).
+    HostInPrefix,
+    /// A fully qualified host name.
+    Fqdn,
+}
+
+struct Pattern {
+    kind: Kind,
+    /// Capture group replaced (0: the whole match).
+    group: usize,
+    source: &'static str,
+    /// A check on the matched text that the pattern alone cannot express.
+    accept: fn(&str) -> bool,
+}
+
+fn always(_: &str) -> bool {
+    true
+}
+
+/// A bare base64 blob: mixed case and digits, and few slashes (paths have many).
+fn looks_like_base64_secret(s: &str) -> bool {
+    let upper = s.bytes().any(|b| b.is_ascii_uppercase());
+    let lower = s.bytes().any(|b| b.is_ascii_lowercase());
+    let digit = s.bytes().any(|b| b.is_ascii_digit());
+    let slashes = s.bytes().filter(|&b| b == b'/').count();
+    upper && lower && digit && slashes * 16 <= s.len() && !s.starts_with('/')
+}
+
+/// An IPv6 candidate: it must parse, and groups of three or more letters without a digit
+/// make it a C++ scope (`c10::add`), not an address.
+fn looks_like_ipv6(s: &str) -> bool {
+    s.parse::<Ipv6Addr>().is_ok()
+        && s.split(':')
+            .all(|g| g.len() < 3 || g.bytes().any(|b| b.is_ascii_digit()))
+}
+
+/// A value after a secret key that is not itself a placeholder for "nothing".
+fn secret_value(s: &str) -> bool {
+    let v = s.trim_matches(|c| c == '"' || c == '\'');
+    !v.is_empty() && !v.starts_with("[REDACTED")
+}
+
+/// Shortest secret value that is also searched for in the other strings of a batch
+/// (shorter ones would hit ordinary words).
+const MIN_ECHOED_SECRET: usize = 6;
+
+const SECRET_KEY: &str = r"[A-Za-z0-9_.-]*(?:password|passwd|passphrase|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key|client[_-]?secret|credentials?|PWD)";
+
+fn patterns() -> Vec<Pattern> {
+    // Order matters only for spans that start at the same place: the longer wins.
+    let s = |kind, group, source, accept| Pattern {
+        kind: Kind::Secret(kind),
+        group,
+        source,
+        accept,
+    };
+    vec![
+        s(
+            "private-key",
+            0,
+            r"(?s)-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\z)",
+            always,
+        ),
+        s("token", 0, r"\bsk-[A-Za-z0-9_-]{16,}", always),
+        s(
+            "token",
+            0,
+            r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})",
+            always,
+        ),
+        s("token", 0, r"\bxox[abposr]-[A-Za-z0-9-]{10,}", always),
+        s("token", 0, r"\bhf_[A-Za-z0-9]{30,}", always),
+        s("token", 0, r"\bAIza[0-9A-Za-z_-]{35}", always),
+        s(
+            "aws-key",
+            0,
+            r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[A-Z0-9]{16}\b",
+            always,
+        ),
+        s(
+            "jwt",
+            0,
+            r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}",
+            always,
+        ),
+        s(
+            "token",
+            1,
+            r"(?i)\b(?:bearer|basic|token)\s+([A-Za-z0-9._~+/=-]{8,})",
+            looks_like_credential,
+        ),
+        s(
+            "secret",
+            2,
+            // key=value, key: value, "key": "value", with the key named like a secret.
+            const_format_key_value(),
+            secret_value,
+        ),
+        s(
+            "secret",
+            1,
+            r#"(?i)(?:^|\s)--?(?:password|passwd|pass|token|secret|api-key|api_key|apikey|access-key|client-secret)(?:=|\s+)("[^"]*"|'[^']*'|[^\s"']+)"#,
+            secret_value,
+        ),
+        s(
+            "credentials",
+            1,
+            r"(?i)\b[a-z][a-z0-9+.-]*://([^/\s:@]+:[^/\s@]+)@",
+            always,
+        ),
+        s(
+            "email",
+            0,
+            r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
+            always,
+        ),
+        s(
+            "blob",
+            1,
+            r"(?:^|[^A-Za-z0-9+/])([A-Za-z0-9+/]{40,}={0,2})",
+            looks_like_base64_secret,
+        ),
+    ]
+}
+
+/// A `Bearer x` / `token x` value: long enough, and not an ordinary word.
+fn looks_like_credential(s: &str) -> bool {
+    s.bytes().any(|b| b.is_ascii_digit()) || s.len() >= 20
+}
+
+fn const_format_key_value() -> &'static str {
+    static KV: OnceLock<String> = OnceLock::new();
+    KV.get_or_init(|| {
+        format!(
+            r#"(?i)(?:^|[^A-Za-z0-9])({SECRET_KEY})["']?\s*[=:]\s*("[^"]*"|'[^']*'|[^\s,;&"'}}\]]+)"#
+        )
+    })
+}
+
+fn network_patterns() -> Vec<Pattern> {
+    let p = |kind, group, source, accept| Pattern {
+        kind,
+        group,
+        source,
+        accept,
+    };
+    vec![
+        p(
+            Kind::Ipv4,
+            0,
+            r"\b(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\b",
+            always,
+        ),
+        p(
+            Kind::Ipv6,
+            0,
+            r"(?i)(?:\b(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4}\b|\b(?:[0-9a-f]{1,4}:){1,6}(?::[0-9a-f]{1,4}){1,6}\b|::[0-9a-f]{1,4}(?::[0-9a-f]{1,4}){0,5}\b|\b(?:[0-9a-f]{1,4}:){1,7}:)",
+            looks_like_ipv6,
+        ),
+        // NCCL's `host:pid:tid` prefix.
+        p(
+            Kind::HostInPrefix,
+            1,
+            r"(?:^|[\s\[])([A-Za-z][A-Za-z0-9.-]*[A-Za-z0-9]):[0-9]+:[0-9]+\b",
+            plausible_host,
+        ),
+        // syslog: `Mon DD HH:MM:SS host ...`.
+        p(
+            Kind::HostInPrefix,
+            1,
+            r"^[A-Z][a-z]{2} [ 0-9][0-9] [0-9]{2}:[0-9]{2}:[0-9]{2} ([A-Za-z][A-Za-z0-9.-]*[A-Za-z0-9]) ",
+            plausible_host,
+        ),
+        // hostname=x, host: x, node=x, nodename x.
+        p(
+            Kind::HostInPrefix,
+            1,
+            r#"(?i)\b(?:host_?name|host|node_?name|node)\s*[=:]\s*["']?([A-Za-z][A-Za-z0-9.-]*[A-Za-z0-9])"#,
+            plausible_host,
+        ),
+        // Cluster-style names: dashed, ending in a number (`gpu-node-26`, `dgx-a100-017`).
+        p(
+            Kind::Fqdn,
+            1,
+            r"(?:^|[^/A-Za-z0-9_.-])([a-z][a-z0-9]*(?:-[a-z0-9]+)*-[0-9]{1,5})\b",
+            dashed_host,
+        ),
+        p(
+            Kind::Fqdn,
+            0,
+            r"(?i)\b(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:com|net|org|io|ai|cloud|dev|edu|gov|local|localdomain|internal|lan|corp|cluster|svc|intra|private)\b",
+            always,
+        ),
+    ]
+}
+
+/// A dashed name ending in a number that is not a well-known non-host word
+/// (`utf-8`, `rank-3`, `step-100`, `cuda-12`, ...).
+fn dashed_host(s: &str) -> bool {
+    let first = s.split('-').next().unwrap_or("");
+    !matches!(
+        first,
+        "utf"
+            | "iso"
+            | "sha"
+            | "x86"
+            | "rank"
+            | "step"
+            | "epoch"
+            | "iter"
+            | "cuda"
+            | "cu"
+            | "sm"
+            | "run"
+            | "py"
+            | "python"
+            | "nccl"
+            | "torch"
+            | "v"
+            | "version"
+            | "layer"
+            | "block"
+            | "shard"
+            | "part"
+            | "ckpt"
+            | "checkpoint"
+            | "batch"
+            | "worker"
+            | "job"
+            | "local"
+            | "world"
+            | "pid"
+            | "tid"
+            | "thread"
+            | "port"
+            | "int"
+            | "float"
+            | "bf"
+            | "fp"
+            | "e"
+            | "sec"
+            | "ms"
+    ) && plausible_host(s)
+}
+
+/// A captured host name that is a name, not a keyword or a number.
+fn plausible_host(s: &str) -> bool {
+    !matches!(
+        s.to_ascii_lowercase().as_str(),
+        "localhost" | "none" | "null" | "unknown" | "true" | "false"
+    ) && s.len() >= 2
+}
+
+struct Compiled {
+    set: RegexSet,
+    res: Vec<Regex>,
+    pats: Vec<Pattern>,
+}
+
+impl Compiled {
+    fn new(all: Vec<Pattern>) -> Self {
+        let (mut res, mut pats) = (Vec::new(), Vec::new());
+        for p in all {
+            if let Some(re) = compiled(p.source) {
+                res.push(re);
+                pats.push(p);
+            }
+        }
+        let set = RegexSet::new(res.iter().map(Regex::as_str)).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "redaction pattern set does not compile");
+            RegexSet::empty()
+        });
+        Compiled { set, res, pats }
+    }
+
+    /// Every accepted span of every pattern the set finds in `text`.
+    fn spans(&self, text: &str, out: &mut Vec<Span>) {
+        for i in self.set.matches(text).iter() {
+            let (re, pat) = (&self.res[i], &self.pats[i]);
+            for caps in re.captures_iter(text) {
+                let Some(m) = caps.get(pat.group) else {
+                    continue;
+                };
+                if m.is_empty() || !(pat.accept)(m.as_str()) {
+                    continue;
+                }
+                out.push(Span {
+                    start: m.start(),
+                    end: m.end(),
+                    kind: pat.kind,
+                });
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: usize,
+    end: usize,
+    kind: Kind,
+}
+
+fn secrets() -> &'static Compiled {
+    static C: OnceLock<Compiled> = OnceLock::new();
+    C.get_or_init(|| Compiled::new(patterns()))
+}
+
+fn network() -> &'static Compiled {
+    static C: OnceLock<Compiled> = OnceLock::new();
+    C.get_or_init(|| Compiled::new(network_patterns()))
+}
+
+/// Keeps the earliest, then longest, of overlapping spans; `taken` spans win over all.
+fn resolve(mut spans: Vec<Span>, taken: &[Span]) -> Vec<Span> {
+    spans.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
+    let mut out: Vec<Span> = Vec::with_capacity(spans.len());
+    for s in spans {
+        let overlaps_taken = taken.iter().any(|t| s.start < t.end && t.start < s.end);
+        let overlaps_last = out.last().is_some_and(|l| s.start < l.end);
+        if !overlaps_taken && !overlaps_last {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// Redacts log text. Cheap to clone; the patterns are compiled once per process.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct Redactor {
+    options: RedactOptions,
+}
+
+impl fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redactor")
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl Redactor {
+    /// A redactor with these host / address options.
+    pub fn new(options: RedactOptions) -> Self {
+        Redactor { options }
+    }
+
+    /// The options.
+    pub fn options(&self) -> RedactOptions {
+        self.options
+    }
+
+    /// One string, secrets only: host names and addresses are left as they are whatever
+    /// the options say (use [`Redactor::redact_batch`] for those).
+    pub fn redact_secrets(&self, text: &str) -> String {
+        let mut spans = Vec::new();
+        secrets().spans(text, &mut spans);
+        let spans = resolve(spans, &[]);
+        apply(text, &spans, None)
+    }
+
+    /// A batch of strings redacted together, so that a host name found in one line is
+    /// also replaced in the others. `known_hosts` are names to replace wherever they
+    /// occur (e.g. the nodes of the job). Pseudonyms are taken from and added to `map`.
+    pub fn redact_batch<S: AsRef<str>>(
+        &self,
+        texts: &[S],
+        known_hosts: &[String],
+        map: &mut Pseudonyms,
+    ) -> Vec<String> {
+        let net_wanted = self.options.hosts || self.options.ips;
+        // First: secrets and network spans of every line; collect host names.
+        let mut per_line: Vec<(Vec<Span>, Vec<Span>)> = Vec::with_capacity(texts.len());
+        let mut host_names: Vec<String> = Vec::new();
+        if self.options.hosts {
+            host_names.extend(known_hosts.iter().filter(|h| plausible_host(h)).cloned());
+        }
+        let mut secret_values: Vec<(String, &'static str)> = Vec::new();
+        for t in texts {
+            let t = t.as_ref();
+            let mut s = Vec::new();
+            secrets().spans(t, &mut s);
+            let secret_spans = resolve(s, &[]);
+            for sp in &secret_spans {
+                let value = t[sp.start..sp.end].trim_matches(|c| c == '"' || c == '\'');
+                if let (Kind::Secret(label), true) = (sp.kind, value.len() >= MIN_ECHOED_SECRET) {
+                    secret_values.push((value.to_owned(), label));
+                }
+            }
+            let mut n = Vec::new();
+            if net_wanted {
+                network().spans(t, &mut n);
+                n.retain(|sp| match sp.kind {
+                    Kind::Ipv4 | Kind::Ipv6 => self.options.ips,
+                    _ => self.options.hosts,
+                });
+                if self.options.hosts {
+                    for sp in &n {
+                        if matches!(sp.kind, Kind::HostInPrefix | Kind::Fqdn) {
+                            let name = &t[sp.start..sp.end];
+                            // An address in a host position is an address.
+                            if !is_ip(name) {
+                                host_names.push(name.to_owned());
+                            }
+                        }
+                    }
+                }
+            }
+            per_line.push((secret_spans, n));
+        }
+        // Then: every occurrence of every host name found, in every line.
+        host_names.sort_by_key(|h| std::cmp::Reverse(h.len()));
+        host_names.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
+        let host_re = if host_names.is_empty() {
+            None
+        } else {
+            let alt: Vec<String> = host_names.iter().map(|h| regex::escape(h)).collect();
+            Regex::new(&format!(r"(?i)(?:^|\b)(?:{})(?:\b|$)", alt.join("|"))).ok()
+        };
+        let mut out = Vec::with_capacity(texts.len());
+        // A secret found in one string is removed from all of them, wherever it is.
+        secret_values.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        secret_values.dedup_by(|a, b| a.0 == b.0);
+        let echo_re = if secret_values.is_empty() {
+            None
+        } else {
+            let alt: Vec<String> = secret_values
+                .iter()
+                .map(|(v, _)| regex::escape(v))
+                .collect();
+            Regex::new(&alt.join("|")).ok()
+        };
+        for (t, (secret_spans, mut net)) in texts.iter().zip(per_line) {
+            let t = t.as_ref();
+            let secret_spans = match &echo_re {
+                Some(re) => {
+                    let mut all = secret_spans.clone();
+                    for m in re.find_iter(t) {
+                        let label = secret_values
+                            .iter()
+                            .find(|(v, _)| v == m.as_str())
+                            .map_or("secret", |(_, l)| *l);
+                        all.push(Span {
+                            start: m.start(),
+                            end: m.end(),
+                            kind: Kind::Secret(label),
+                        });
+                    }
+                    resolve(all, &[])
+                }
+                None => secret_spans,
+            };
+            if let Some(re) = &host_re {
+                net.retain(|s| matches!(s.kind, Kind::Ipv4 | Kind::Ipv6));
+                for m in re.find_iter(t) {
+                    // Part of a longer dotted or dashed name is not this host.
+                    let before = t[..m.start()].chars().next_back();
+                    let after = t[m.end()..].chars().next();
+                    let glued = |c: Option<char>| {
+                        matches!(c, Some('-' | '_')) || c.is_some_and(|c| c.is_ascii_alphanumeric())
+                    };
+                    if glued(before)
+                        || glued(after)
+                        || after == Some('.') && fqdn_continues(&t[m.end()..])
+                    {
+                        continue;
+                    }
+                    net.push(Span {
+                        start: m.start(),
+                        end: m.end(),
+                        kind: Kind::Fqdn,
+                    });
+                }
+            } else {
+                net.retain(|s| matches!(s.kind, Kind::Ipv4 | Kind::Ipv6));
+            }
+            let net = resolve(net, &secret_spans);
+            let mut all = secret_spans;
+            all.extend(net);
+            all.sort_by_key(|s| s.start);
+            out.push(apply(t, &all, Some(map)));
+        }
+        out
+    }
+}
+
+/// Whether what follows a `.` continues a dotted name (`.example.com`), as opposed to
+/// ending a sentence.
+fn fqdn_continues(rest: &str) -> bool {
+    rest.chars()
+        .nth(1)
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+}
+
+fn is_ip(s: &str) -> bool {
+    s.parse::<std::net::IpAddr>().is_ok()
+}
+
+fn apply(text: &str, spans: &[Span], mut map: Option<&mut Pseudonyms>) -> String {
+    if spans.is_empty() {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    for s in spans {
+        if s.start < at {
+            continue;
+        }
+        out.push_str(&text[at..s.start]);
+        let found = &text[s.start..s.end];
+        match (s.kind, map.as_deref_mut()) {
+            (Kind::Secret(label), _) => {
+                out.push_str("[REDACTED:");
+                out.push_str(label);
+                out.push(']');
+            }
+            (Kind::Ipv4 | Kind::Ipv6, Some(m)) => out.push_str(&m.ip(found)),
+            (Kind::HostInPrefix | Kind::Fqdn, Some(m)) => out.push_str(&m.host(found)),
+            (_, None) => out.push_str(found),
+        }
+        at = s.end;
+    }
+    out.push_str(&text[at..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Secrets only: `input` must become `expect`.
+    fn check(input: &str, expect: &str) {
+        let got = Redactor::default().redact_secrets(input);
+        assert_eq!(got, expect, "input: {input:?}");
+    }
+
+    #[test]
+    fn secrets_are_removed() {
+        let cases = [
+            (
+                "OPENAI_API_KEY=sk-proj-AbCdEf0123456789xyzXYZ rest",
+                "OPENAI_API_KEY=[REDACTED:token] rest",
+            ),
+            (
+                "using key sk-AbCdEf0123456789xyzXYZ now",
+                "using key [REDACTED:token] now",
+            ),
+            (
+                "clone with ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+                "clone with [REDACTED:token]",
+            ),
+            (
+                "slack xoxb-123456789012-abcdefghijkl posted",
+                "slack [REDACTED:token] posted",
+            ),
+            (
+                "aws id AKIAIOSFODNN7EXAMPLE in env",
+                "aws id [REDACTED:aws-key] in env",
+            ),
+            (
+                "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+                "aws_secret_access_key = [REDACTED:secret]",
+            ),
+            (
+                "auth eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dBjftJeZ4CVPmB92K27uhbUJU1p1r_wW1gFWFOEjXk ok",
+                "auth [REDACTED:jwt] ok",
+            ),
+            (
+                "Authorization: Bearer abc123def456ghi789",
+                "Authorization: Bearer [REDACTED:token]",
+            ),
+            (
+                "db password=hunter2 retry",
+                "db password=[REDACTED:secret] retry",
+            ),
+            (
+                "PGPASSWORD=s3cr3t psql -h db",
+                "PGPASSWORD=[REDACTED:secret] psql -h db",
+            ),
+            (
+                "mysql --password hunter2 -u root",
+                "mysql --password [REDACTED:secret] -u root",
+            ),
+            (
+                r#"{"passwd": "x y z", "n": 1}"#,
+                r#"{"passwd": [REDACTED:secret], "n": 1}"#,
+            ),
+            (
+                "GET /v1/files?access_token=9f86d081884c7d659a2feaa0c55ad015&page=2",
+                "GET /v1/files?access_token=[REDACTED:secret]&page=2",
+            ),
+            (
+                "fetching s3://bob:pa55w0rd@bucket.example/ckpt",
+                "fetching s3://[REDACTED:credentials]@bucket.example/ckpt",
+            ),
+            (
+                "mail alice.smith+ops@example.co.uk on failure",
+                "mail [REDACTED:email] on failure",
+            ),
+            (
+                "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY----- after",
+                "[REDACTED:private-key] after",
+            ),
+            (
+                "-----BEGIN OPENSSH PRIVATE KEY----- b3BlbnNzaC1rZXktdjE",
+                "[REDACTED:private-key]",
+            ),
+            (
+                "MIIEowIBAAKCAQEAx4UbaDzY2Tj0wJ8Pq3vK7mZpL1oR9sN5cT6bF2hG8dW0eQyV",
+                "[REDACTED:blob]",
+            ),
+        ];
+        for (input, expect) in cases {
+            check(input, expect);
+        }
+    }
+
+    #[test]
+    fn diagnostic_text_that_is_not_secret_survives() {
+        let keep = [
+            "[rank7]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1234, OpType=ALLREDUCE, NumelIn=1, Timeout(ms)=600000)",
+            "NCCL INFO comm 0x7f3a9c000000 rank 3 nRanks 16 nNodes 2 localRanks 8 localRank 3 commHash 0x7f3a9b2c1d4e5f60 - Init COMPLETE",
+            "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+            "busId 0000:3b:00.0 uuid GPU-5f3e7c1a-2b4d-4e6f-8a9b-0c1d2e3f4a5b",
+            "RuntimeError: CUDA error: an illegal memory access was encountered (cudaErrorIllegalAddress)",
+            "step 12000 loss nan grad_norm inf lr 3.0e-4 max_tokens=4096 num_tokens: 512",
+            "NCCL version 2.18.3+cuda12.1 local_rank=3 world_size=16",
+            "saving /ckpt/run-42/step_001000/model_states.pt (commit 3f786850e387550fdab836ed7e6dc881de23001b)",
+            "c10::Error at::cuda::blas::gemm 2024-05-01T12:00:00.123Z",
+            "tokenizer.json loaded; token ids 101 102; pad_token_id 0",
+            "/usr/lib/python3/dist-packages/torch/distributed/elastic/multiprocessing/api.py line 42",
+        ];
+        for line in keep {
+            check(line, line);
+        }
+    }
+
+    fn batch(opts: RedactOptions, lines: &[&str], known: &[&str]) -> (Vec<String>, Pseudonyms) {
+        let mut map = Pseudonyms::new();
+        let known: Vec<String> = known.iter().map(|s| (*s).to_owned()).collect();
+        let out = Redactor::new(opts).redact_batch(lines, &known, &mut map);
+        (out, map)
+    }
+
+    #[test]
+    fn hosts_and_ips_are_kept_unless_asked() {
+        let lines = ["gpu-node-26:1234:1290 [3] NCCL WARN connect to 10.0.0.7:29500 failed"];
+        let (out, map) = batch(RedactOptions::default(), &lines, &["gpu-node-26"]);
+        assert_eq!(out[0], lines[0]);
+        assert!(map.is_empty());
+    }
+
+    #[test]
+    fn hosts_and_ips_get_consistent_pseudonyms_that_reveal_back() {
+        let opts = RedactOptions {
+            hosts: true,
+            ips: true,
+        };
+        let lines = [
+            "gpu-node-26:1234:1290 [3] NCCL WARN connect to 10.0.0.7:29500 failed",
+            "Jan  5 12:00:01 gpu-node-27 kernel: NVRM: Xid (PCI:0000:3b:00): 79",
+            "rank 12 on GPU-NODE-26 waits for gpu-node-27 (10.0.0.7, fe80::1ff:fe23:4567:890a)",
+            "master at head.cluster.example.com:29400 node=gpu-node-3",
+            "unrelated: gpu-node-26x or gpu-node-26-ib or c10::add or 2.18.3",
+        ];
+        let (out, map) = batch(opts, &lines, &[]);
+        assert_eq!(
+            out[0],
+            "host-1:1234:1290 [3] NCCL WARN connect to ip-1:29500 failed"
+        );
+        assert_eq!(
+            out[1],
+            "Jan  5 12:00:01 host-2 kernel: NVRM: Xid (PCI:0000:3b:00): 79"
+        );
+        assert_eq!(out[2], "rank 12 on host-1 waits for host-2 (ip-1, ip-2)");
+        assert_eq!(out[3], "master at host-3:29400 node=host-4");
+        assert_eq!(
+            out[4],
+            "unrelated: gpu-node-26x or gpu-node-26-ib or c10::add or 2.18.3"
+        );
+        assert_eq!(map.real("host-1"), Some("gpu-node-26"));
+        assert_eq!(
+            map.reveal("rank 12 on host-2 (ip-1); host-99 unknown"),
+            "rank 12 on gpu-node-27 (10.0.0.7); host-99 unknown"
+        );
+    }
+
+    #[test]
+    fn dashed_names_ending_in_a_number_are_hosts_but_common_words_are_not() {
+        let opts = RedactOptions {
+            hosts: true,
+            ips: false,
+        };
+        let (out, _) = batch(
+            opts,
+            &[
+                "peers gpu-node-1 gpu-node-2, dgx-a100-017; utf-8 rank-3 /ckpt/run-42/x cuda-12 worker-3",
+            ],
+            &[],
+        );
+        assert_eq!(
+            out[0],
+            "peers host-1 host-2, host-3; utf-8 rank-3 /ckpt/run-42/x cuda-12 worker-3"
+        );
+    }
+
+    #[test]
+    fn known_hosts_are_replaced_everywhere() {
+        let opts = RedactOptions {
+            hosts: true,
+            ips: false,
+        };
+        let (out, _) = batch(opts, &["trainer on dgx017 died", "dgx017."], &["dgx017"]);
+        assert_eq!(out, ["trainer on host-1 died", "host-1."]);
+    }
+
+    #[test]
+    fn a_secret_found_once_is_removed_everywhere_in_the_batch() {
+        let (out, _) = batch(
+            RedactOptions::default(),
+            &[
+                "login password=hunter2-horse",
+                "the password was hunter2-horse, sadly",
+                "pwd=abc",
+            ],
+            &[],
+        );
+        assert_eq!(
+            out,
+            [
+                "login password=[REDACTED:secret]",
+                "the password was [REDACTED:secret], sadly",
+                "pwd=[REDACTED:secret]"
+            ]
+        );
+    }
+
+    #[test]
+    fn secrets_win_over_hosts() {
+        let opts = RedactOptions {
+            hosts: true,
+            ips: true,
+        };
+        let (out, _) = batch(opts, &["mail ops@gpu.example.com token=abc123def"], &[]);
+        assert_eq!(out[0], "mail [REDACTED:email] token=[REDACTED:secret]");
+    }
+}
