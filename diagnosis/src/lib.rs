@@ -5,6 +5,7 @@
 //! own; an LLM may refine the answer where rules run out, but only ever recommends.
 //! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
 
+pub mod drain;
 pub mod model;
 
 pub use model::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus, LogLine};
