@@ -240,7 +240,8 @@ impl ValueSet {
     fn insert(&mut self, value: u32) {
         let bit = (mix64(u64::from(value)) % SKETCH_BITS as u64) as usize;
         self.sketch[bit / 64] |= 1 << (bit % 64);
-        if self.exact.contains(&value) {
+        // Once a value did not fit, the exact list is frozen: only the sketch counts.
+        if self.spilled || self.exact.contains(&value) {
             return;
         }
         if self.exact.len() < EXACT_VALUES {
@@ -299,6 +300,7 @@ pub struct Miner {
     token_text: Vec<Box<str>>,
     node_ids: FxHashMap<Box<str>, u32>,
     node_text: Vec<Box<str>>,
+    last_node: Option<u32>,
     /// Tree root: token count → node.
     roots: FxHashMap<u32, u32>,
     nodes: Vec<Node>,
@@ -326,6 +328,7 @@ impl Miner {
             token_text: vec![Box::from(WILDCARD_TEXT)],
             node_ids: FxHashMap::default(),
             node_text: Vec::new(),
+            last_node: None,
             roots: FxHashMap::default(),
             nodes: Vec::new(),
             slots: Vec::new(),
@@ -427,15 +430,33 @@ impl Miner {
         }
     }
 
-    /// Fills `line_tokens` with the masked, interned tokens of `text`.
+    /// Fills `line_tokens` with the masked, interned tokens of `text`. Splits on ASCII
+    /// whitespace in one pass over the bytes, noting digits on the way, so a token
+    /// without digits goes straight to the interner.
     fn tokenize(&mut self, text: &str) {
         self.line_tokens.clear();
-        for (i, raw) in text.split_whitespace().enumerate() {
-            if i == self.config.max_line_tokens {
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            if i == bytes.len() {
+                break;
+            }
+            let start = i;
+            let mut digits = false;
+            while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
+                digits |= bytes[i].is_ascii_digit();
+                i += 1;
+            }
+            if self.line_tokens.len() == self.config.max_line_tokens {
                 self.stats.lines_cut += 1;
                 break;
             }
-            let id = if raw.bytes().any(|b| b.is_ascii_digit()) {
+            // Whitespace is ASCII, so `start..i` lies on character boundaries.
+            let raw = &text[start..i];
+            let id = if digits {
                 let mut masked = std::mem::take(&mut self.masked);
                 mask_token(raw, &mut masked);
                 let id = self.intern(&masked);
@@ -463,6 +484,22 @@ impl Miner {
     }
 
     fn intern_node(&mut self, node: &str) -> Option<u32> {
+        // Lines come in runs from one node; one remembered entry saves most lookups.
+        if let Some(last) = self.last_node {
+            if self
+                .node_text
+                .get(last as usize)
+                .is_some_and(|n| &**n == node)
+            {
+                return Some(last);
+            }
+        }
+        let id = self.intern_node_slow(node)?;
+        self.last_node = Some(id);
+        Some(id)
+    }
+
+    fn intern_node_slow(&mut self, node: &str) -> Option<u32> {
         if let Some(&id) = self.node_ids.get(node) {
             return Some(id);
         }
@@ -705,11 +742,16 @@ fn cut(text: &str, max: usize) -> &str {
 pub fn mask_token(token: &str, out: &mut String) {
     out.clear();
     let bytes = token.as_bytes();
+    // Whether everything so far is a variable or a separator, and whether any variable
+    // was seen: together, whether the token collapses to one `<*>`.
+    let mut only_vars = true;
+    let mut any_var = false;
     let mut i = 0;
     while i < bytes.len() {
         if !bytes[i].is_ascii_alphanumeric() {
             let start = i;
             while i < bytes.len() && !bytes[i].is_ascii_alphanumeric() {
+                only_vars &= matches!(bytes[i], b'.' | b':' | b'/' | b'+' | b',' | b'-');
                 i += 1;
             }
             out.push_str(&token[start..i]);
@@ -717,35 +759,44 @@ pub fn mask_token(token: &str, out: &mut String) {
         }
         if is_uuid_at(bytes, i) {
             out.push_str(WILDCARD_TEXT);
+            any_var = true;
             i += 36;
             continue;
         }
         let start = i;
+        let mut digits = false;
+        let mut hex = true;
         while i < bytes.len() && bytes[i].is_ascii_alphanumeric() {
+            digits |= bytes[i].is_ascii_digit();
+            hex &= bytes[i].is_ascii_hexdigit();
             i += 1;
         }
         let run = &bytes[start..i];
-        if !run.iter().any(u8::is_ascii_digit) {
+        if !digits {
             out.push_str(&token[start..i]);
-        } else if run.iter().all(u8::is_ascii_hexdigit) || is_hex_literal(run) {
+            only_vars = false;
+        } else if hex || is_hex_literal(run) {
             out.push_str(WILDCARD_TEXT);
+            any_var = true;
         } else {
             let mut j = start;
             while j < i {
                 let k = j;
-                let digits = bytes[j].is_ascii_digit();
-                while j < i && bytes[j].is_ascii_digit() == digits {
+                let digit_run = bytes[j].is_ascii_digit();
+                while j < i && bytes[j].is_ascii_digit() == digit_run {
                     j += 1;
                 }
-                if digits {
+                if digit_run {
                     out.push_str(WILDCARD_TEXT);
                 } else {
                     out.push_str(&token[k..j]);
                 }
             }
+            any_var = true;
+            only_vars = false;
         }
     }
-    if is_all_variable(out) {
+    if only_vars && any_var && out.len() > WILDCARD_TEXT.len() {
         out.clear();
         out.push_str(WILDCARD_TEXT);
     }
@@ -769,16 +820,6 @@ fn is_uuid_at(bytes: &[u8], i: usize) -> bool {
         _ => b.is_ascii_hexdigit(),
     });
     shape_ok && !bytes.get(i + 36).is_some_and(u8::is_ascii_alphanumeric)
-}
-
-/// Whether a masked token is only wildcards and separators (`.:/+,-`).
-fn is_all_variable(masked: &str) -> bool {
-    if masked == WILDCARD_TEXT || !masked.contains(WILDCARD_TEXT) {
-        return false;
-    }
-    masked
-        .split(WILDCARD_TEXT)
-        .all(|rest| rest.bytes().all(|b| b".:/+,-".contains(&b)))
 }
 
 #[cfg(test)]
