@@ -8,5 +8,6 @@
 pub mod drain;
 pub mod loggen;
 pub mod model;
+pub mod watchdog;
 
 pub use model::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus, LogLine};
