@@ -256,10 +256,18 @@ fn global_rank(text: &str) -> Option<u32> {
     rest[..end].parse().ok()
 }
 
+/// A rank's latest work status.
+#[derive(Debug, Clone, Copy)]
+struct Status {
+    line: u64,
+    enqueued: i64,
+    completed: i64,
+}
+
 #[derive(Debug, Clone, Default)]
 struct RankState {
-    /// Latest status: (line, enqueued, completed, at_work).
-    status: Option<(u64, i64, i64, Option<i64>)>,
+    /// Latest status.
+    status: Option<Status>,
     /// First timeout: (line, seq).
     timeout: Option<(u64, Option<i64>)>,
 }
@@ -337,7 +345,11 @@ impl WatchdogScan {
                 last_enqueued,
                 last_completed,
             } => {
-                state.status = Some((record.line, last_enqueued, last_completed, at_work));
+                state.status = Some(Status {
+                    line: record.line,
+                    enqueued: last_enqueued,
+                    completed: last_completed,
+                });
                 if let Some(work) = at_work {
                     match &mut state.timeout {
                         Some((_, seq @ None)) => *seq = Some(work),
@@ -396,12 +408,14 @@ impl WatchdogScan {
         }
 
         // 2-4. Sequence numbers.
-        let status: Vec<(u32, (u64, i64, i64, Option<i64>))> = states
+        let status: Vec<(u32, Status)> = states
             .iter()
             .filter_map(|(&r, s)| s.status.map(|st| (r, st)))
             .collect();
-        let by_enqueued: Vec<(u32, u64, i64)> =
-            status.iter().map(|&(r, (l, e, _, _))| (r, l, e)).collect();
+        let by_enqueued: Vec<(u32, u64, i64)> = status
+            .iter()
+            .map(|&(r, st)| (r, st.line, st.enqueued))
+            .collect();
         if let Some(found) = behind(pg, &by_enqueued, LagReason::BehindEnqueued, "last enqueued") {
             return Some(found);
         }
@@ -412,8 +426,10 @@ impl WatchdogScan {
         if let Some(found) = behind(pg, &by_timeout, LagReason::BehindTimedOut, "timed-out") {
             return Some(found);
         }
-        let by_completed: Vec<(u32, u64, i64)> =
-            status.iter().map(|&(r, (l, _, c, _))| (r, l, c)).collect();
+        let by_completed: Vec<(u32, u64, i64)> = status
+            .iter()
+            .map(|&(r, st)| (r, st.line, st.completed))
+            .collect();
         if let Some(found) = behind(
             pg,
             &by_completed,
