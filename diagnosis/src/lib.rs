@@ -6,6 +6,7 @@
 //! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
 
 pub mod drain;
+pub mod evidence;
 pub mod loggen;
 pub mod model;
 pub mod watchdog;
