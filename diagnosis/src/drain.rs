@@ -456,7 +456,9 @@ impl Miner {
             }
             // Whitespace is ASCII, so `start..i` lies on character boundaries.
             let raw = &text[start..i];
-            let id = if digits {
+            let id = if digits && is_plain_variable(raw.as_bytes()) {
+                WILDCARD
+            } else if digits {
                 let mut masked = std::mem::take(&mut self.masked);
                 mask_token(raw, &mut masked);
                 let id = self.intern(&masked);
@@ -802,6 +804,38 @@ pub fn mask_token(token: &str, out: &mut String) {
     }
 }
 
+/// Whether `token` is nothing but numbers in the masking sense (hex-digit runs with a
+/// digit, `0x` literals) and separators `.:/+,-`: then its masked form is a single `<*>`,
+/// known without building it. A fast path only: `false` leaves the answer to
+/// [`mask_token`].
+fn is_plain_variable(token: &[u8]) -> bool {
+    let mut i = 0;
+    let mut any = false;
+    while i < token.len() {
+        let b = token[i];
+        if !b.is_ascii_alphanumeric() {
+            if !matches!(b, b'.' | b':' | b'/' | b'+' | b',' | b'-') {
+                return false;
+            }
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut digits = false;
+        let mut hex = true;
+        while i < token.len() && token[i].is_ascii_alphanumeric() {
+            digits |= token[i].is_ascii_digit();
+            hex &= token[i].is_ascii_hexdigit();
+            i += 1;
+        }
+        if !digits || !(hex || is_hex_literal(&token[start..i])) {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// `0x` followed by at least one hex digit.
 fn is_hex_literal(run: &[u8]) -> bool {
     run.len() > 2
@@ -863,6 +897,19 @@ mod tests {
         ];
         for (input, want) in cases {
             assert_eq!(masked(input), want, "masking {input:?}");
+            if is_plain_variable(input.as_bytes()) {
+                assert_eq!(want, "<*>", "fast path agrees on {input:?}");
+            }
+        }
+        for plain in [
+            "42",
+            "0.912",
+            "1.234E+00",
+            "0x7f",
+            "10.0.3.17:45123",
+            "12/500",
+        ] {
+            assert!(is_plain_variable(plain.as_bytes()), "{plain:?}");
         }
     }
 
