@@ -5,9 +5,13 @@
 //! own; an LLM may refine the answer where rules run out, but only ever recommends.
 //! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
 
+pub mod drain;
+pub mod evidence;
 pub mod llm;
 pub mod llm_eval;
+pub mod loggen;
 pub mod model;
 pub mod redact;
+pub mod watchdog;
 
 pub use model::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus, LogLine};

@@ -1,0 +1,1108 @@
+//! Streaming log-template mining: shrink millions of lines into the few hundred
+//! templates they were printed from, with per-template counts, ranks, nodes and times.
+//!
+//! # Algorithm
+//!
+//! A fixed-depth prefix tree in the manner of Drain (He et al., ICWS 2017), as Drain3
+//! also does it:
+//!
+//! 1. Split the line on whitespace (borrowed slices, no copies) and **mask** each token:
+//!    an ASCII alphanumeric run that contains a digit and is all hex digits (`42`,
+//!    `0x7f3a`, `3b`, `E703`), or that is a UUID, becomes `<*>`; in other runs (`rank3`,
+//!    `node-026`) only the digit runs become `<*>`. A token that is then nothing but
+//!    `<*>` and `.:/+,-` (timestamps, IPs, PCI ids like `0000:3b:00.0`, `12/500`)
+//!    collapses to a single `<*>`. Tokens without a digit are never copied.
+//! 2. **Intern** every masked token as a `u32`; templates and comparisons work on ids.
+//! 3. Descend the tree: first by token count, then by the first `depth - 2` tokens.
+//!    A node has at most `max_children` children; once full, further tokens share its
+//!    `<*>` child, and `<*>` tokens always go there.
+//! 4. In the leaf, take the cluster whose template is most similar (share of positions
+//!    with the same token, `<*>` positions not counted; ties go to the template with more
+//!    `<*>`). At or above `sim_threshold` the line joins it and positions that differ
+//!    become `<*>`; below, the line starts a new cluster.
+//!
+//! # Bounded memory
+//!
+//! - At most `max_clusters` live clusters. When a new one does not fit, the least
+//!   recently used sixteenth is evicted at once (a partial selection over last-use ticks,
+//!   so eviction costs O(1) amortized per new cluster). Failures sit at the end of a log,
+//!   so what is evicted is old, one-off chatter.
+//! - At most `max_tokens` distinct tokens; a token first seen after that is treated as a
+//!   variable (`<*>`), which is what an unbounded vocabulary usually is.
+//! - At most `max_nodes` tree nodes; once spent, lines share the nearest `<*>` child
+//!   or the deepest node reached.
+//! - Lines are cut at `max_line_tokens` tokens; samples at `max_sample_bytes`.
+//! - Per cluster, ranks and nodes are kept exactly up to 64 distinct values, and counted
+//!   beyond that by a 1024-bit linear-counting sketch (accurate to a few percent up to a
+//!   few thousand distinct values), so "seen on 1,000 of 1,024 ranks" stays knowable.
+//!
+//! The miner is pure: no I/O, no clock. Times are whatever the lines carry.
+
+use std::fmt;
+
+use rustc_hash::FxHashMap;
+
+use crate::model::LogLine;
+
+/// Token id of the wildcard `<*>`.
+const WILDCARD: u32 = 0;
+/// The text of the wildcard.
+const WILDCARD_TEXT: &str = "<*>";
+/// Values kept exactly per cluster (ranks, nodes).
+const EXACT_VALUES: usize = 64;
+/// Bits in the per-cluster distinct-count sketch.
+const SKETCH_BITS: usize = 1024;
+
+/// Settings of the miner. `Default` matches Drain3's defaults where Drain3 has one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DrainConfig {
+    /// Depth of the prefix tree counting the root and the token-count level (Drain3's
+    /// `depth`); the first `depth - 2` tokens route a line. At least 3.
+    pub depth: usize,
+    /// Share of non-wildcard positions that must agree for a line to join a cluster,
+    /// in `0.0..=1.0`.
+    pub sim_threshold: f64,
+    /// Children per tree node before tokens share the `<*>` child. At least 2.
+    pub max_children: usize,
+    /// Live clusters kept; the least recently used are evicted beyond this. At least 1.
+    pub max_clusters: usize,
+    /// Distinct tokens interned; later new tokens are treated as `<*>`. At least 16.
+    pub max_tokens: usize,
+    /// Tree nodes created at most. At least 16.
+    pub max_nodes: usize,
+    /// Tokens of a line that are looked at; the rest are ignored. At least 1.
+    pub max_line_tokens: usize,
+    /// Bytes of a cluster's sample line kept (cut at a character boundary).
+    pub max_sample_bytes: usize,
+}
+
+impl Default for DrainConfig {
+    fn default() -> Self {
+        DrainConfig {
+            depth: 4,
+            sim_threshold: 0.4,
+            max_children: 100,
+            max_clusters: 20_000,
+            max_tokens: 200_000,
+            max_nodes: 200_000,
+            max_line_tokens: 256,
+            max_sample_bytes: 512,
+        }
+    }
+}
+
+/// A setting out of range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("drain config: {field} {reason}")]
+pub struct DrainConfigError {
+    /// The field, as named in [`DrainConfig`].
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl DrainConfig {
+    /// Checks every field; the first bad one is reported.
+    pub fn validate(&self) -> Result<(), DrainConfigError> {
+        let bad = |field: &'static str, reason: String| Err(DrainConfigError { field, reason });
+        if self.depth < 3 {
+            return bad("depth", format!("is {}, must be at least 3", self.depth));
+        }
+        if !(0.0..=1.0).contains(&self.sim_threshold) {
+            return bad(
+                "sim_threshold",
+                format!("is {}, must be within 0..=1", self.sim_threshold),
+            );
+        }
+        for (field, value, min) in [
+            ("max_children", self.max_children, 2),
+            ("max_clusters", self.max_clusters, 1),
+            ("max_tokens", self.max_tokens, 16),
+            ("max_nodes", self.max_nodes, 16),
+            ("max_line_tokens", self.max_line_tokens, 1),
+        ] {
+            if value < min {
+                return bad(field, format!("is {value}, must be at least {min}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Stable identity of a cluster (never reused, even after eviction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClusterId(pub u64);
+
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "T{}", self.0)
+    }
+}
+
+/// A line as the miner reads it: borrowed, so feeding the miner copies nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LineRef<'a> {
+    /// The line id (position in the input).
+    pub id: u64,
+    /// The text, without the line terminator.
+    pub text: &'a str,
+    /// Global rank, when known.
+    pub rank: Option<u32>,
+    /// Node name, when known.
+    pub node: Option<&'a str>,
+    /// Milliseconds since the Unix epoch, when known.
+    pub at_ms: Option<i64>,
+}
+
+impl<'a> From<&'a LogLine> for LineRef<'a> {
+    fn from(line: &'a LogLine) -> Self {
+        LineRef {
+            id: line.id,
+            text: &line.text,
+            rank: line.rank,
+            node: line.node.as_deref(),
+            at_ms: line.at_ms,
+        }
+    }
+}
+
+/// A template and what is known of the lines it covers: the miner's output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template {
+    /// Stable cluster id.
+    pub id: ClusterId,
+    /// The template, tokens joined by one space, variables as `<*>`.
+    pub text: String,
+    /// Lines that joined it.
+    pub count: u64,
+    /// Id of the first and of the last line that joined it.
+    pub first_line: u64,
+    /// Id of the last line that joined it.
+    pub last_line: u64,
+    /// Earliest time among its lines that carried one.
+    pub first_at_ms: Option<i64>,
+    /// Latest time among its lines that carried one.
+    pub last_at_ms: Option<i64>,
+    /// Ranks seen, ascending: all of them when `distinct_ranks` is at most 64, else
+    /// the first 64.
+    pub ranks: Vec<u32>,
+    /// Distinct ranks seen: exact up to 64, estimated beyond.
+    pub distinct_ranks: u64,
+    /// Nodes seen, sorted, with the same rule as `ranks`.
+    pub nodes: Vec<String>,
+    /// Distinct nodes seen: exact up to 64, estimated beyond.
+    pub distinct_nodes: u64,
+    /// Id of the sample line (the first one).
+    pub sample_line: u64,
+    /// Text of the sample line, cut at `max_sample_bytes`.
+    pub sample_text: String,
+}
+
+/// Counters of the miner's work and its bounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MinerStats {
+    /// Lines mined.
+    pub lines: u64,
+    /// Clusters alive now.
+    pub clusters: usize,
+    /// Clusters ever created.
+    pub clusters_created: u64,
+    /// Clusters evicted to stay within `max_clusters`.
+    pub clusters_evicted: u64,
+    /// Distinct tokens interned.
+    pub tokens: usize,
+    /// Tokens treated as `<*>` because the vocabulary was full.
+    pub tokens_over_cap: u64,
+    /// Tree nodes.
+    pub nodes: usize,
+    /// Lines cut at `max_line_tokens`.
+    pub lines_cut: u64,
+}
+
+/// Distinct values of a cluster: exact up to [`EXACT_VALUES`], sketched always.
+#[derive(Debug, Clone)]
+struct ValueSet {
+    exact: Vec<u32>,
+    /// Whether a value did not fit in `exact`.
+    spilled: bool,
+    sketch: Box<[u64; SKETCH_BITS / 64]>,
+}
+
+impl ValueSet {
+    fn new() -> Self {
+        ValueSet {
+            exact: Vec::new(),
+            spilled: false,
+            sketch: Box::new([0; SKETCH_BITS / 64]),
+        }
+    }
+
+    fn insert(&mut self, value: u32) {
+        let bit = (mix64(u64::from(value)) % SKETCH_BITS as u64) as usize;
+        self.sketch[bit / 64] |= 1 << (bit % 64);
+        // Once a value did not fit, the exact list is frozen: only the sketch counts.
+        if self.spilled || self.exact.contains(&value) {
+            return;
+        }
+        if self.exact.len() < EXACT_VALUES {
+            self.exact.push(value);
+        } else {
+            self.spilled = true;
+        }
+    }
+
+    /// Exact count while everything fit, else the linear-counting estimate (never
+    /// below what is known exactly).
+    fn distinct(&self) -> u64 {
+        if !self.spilled {
+            return self.exact.len() as u64;
+        }
+        let set: u32 = self.sketch.iter().map(|w| w.count_ones()).sum();
+        let zeros = (SKETCH_BITS as u32).saturating_sub(set).max(1);
+        let m = SKETCH_BITS as f64;
+        let estimate = (m * (m / f64::from(zeros)).ln()).round() as u64;
+        estimate.max(EXACT_VALUES as u64 + 1)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Cluster {
+    id: ClusterId,
+    tokens: Vec<u32>,
+    /// Tree node whose cluster list holds this cluster's slot.
+    node: u32,
+    count: u64,
+    first_line: u64,
+    last_line: u64,
+    first_at_ms: Option<i64>,
+    last_at_ms: Option<i64>,
+    ranks: ValueSet,
+    nodes: ValueSet,
+    sample_line: u64,
+    sample_text: String,
+    last_used: u64,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Node {
+    children: FxHashMap<u32, u32>,
+    /// Slots of the clusters that live here.
+    clusters: Vec<u32>,
+}
+
+/// The streaming template miner. Feed lines with [`Miner::add`]; read templates with
+/// [`Miner::templates`].
+#[derive(Debug)]
+pub struct Miner {
+    config: DrainConfig,
+    prefix_levels: usize,
+    token_ids: FxHashMap<Box<str>, u32>,
+    token_text: Vec<Box<str>>,
+    node_ids: FxHashMap<Box<str>, u32>,
+    node_text: Vec<Box<str>>,
+    last_node: Option<u32>,
+    /// Tree root: token count → node.
+    roots: FxHashMap<u32, u32>,
+    nodes: Vec<Node>,
+    slots: Vec<Option<Cluster>>,
+    free_slots: Vec<u32>,
+    live: usize,
+    next_id: u64,
+    stats: MinerStats,
+    /// Reused per line: the line's token ids.
+    line_tokens: Vec<u32>,
+    /// Reused per token: the masked form of a token with digits.
+    masked: String,
+}
+
+impl Miner {
+    /// A miner with the given settings.
+    pub fn new(config: DrainConfig) -> Result<Miner, DrainConfigError> {
+        config.validate()?;
+        let mut token_ids = FxHashMap::default();
+        token_ids.insert(Box::from(WILDCARD_TEXT), WILDCARD);
+        Ok(Miner {
+            prefix_levels: config.depth - 2,
+            config,
+            token_ids,
+            token_text: vec![Box::from(WILDCARD_TEXT)],
+            node_ids: FxHashMap::default(),
+            node_text: Vec::new(),
+            last_node: None,
+            roots: FxHashMap::default(),
+            nodes: Vec::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            live: 0,
+            next_id: 0,
+            stats: MinerStats::default(),
+            line_tokens: Vec::new(),
+            masked: String::new(),
+        })
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &DrainConfig {
+        &self.config
+    }
+
+    /// Mines one line; returns the cluster it joined or started.
+    pub fn add(&mut self, line: LineRef<'_>) -> ClusterId {
+        self.stats.lines += 1;
+        self.tokenize(line.text);
+        let slot = match self.find(&self.line_tokens) {
+            Some(slot) => {
+                self.merge_into(slot);
+                slot
+            }
+            None => self.create(line),
+        };
+        self.observe(slot, line)
+    }
+
+    /// Mines a [`LogLine`].
+    pub fn add_line(&mut self, line: &LogLine) -> ClusterId {
+        self.add(LineRef::from(line))
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> MinerStats {
+        MinerStats {
+            clusters: self.live,
+            tokens: self.token_text.len(),
+            nodes: self.nodes.len(),
+            ..self.stats
+        }
+    }
+
+    /// The live templates, in order of their first line.
+    pub fn templates(&self) -> Vec<Template> {
+        let mut out: Vec<Template> = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|c| self.template_of(c))
+            .collect();
+        out.sort_by_key(|t| (t.first_line, t.id));
+        out
+    }
+
+    /// One live template by id.
+    pub fn template(&self, id: ClusterId) -> Option<Template> {
+        self.slots
+            .iter()
+            .flatten()
+            .find(|c| c.id == id)
+            .map(|c| self.template_of(c))
+    }
+
+    fn template_of(&self, c: &Cluster) -> Template {
+        let mut text = String::new();
+        for (i, &t) in c.tokens.iter().enumerate() {
+            if i > 0 {
+                text.push(' ');
+            }
+            text.push_str(self.token_text.get(t as usize).map_or(WILDCARD_TEXT, |s| s));
+        }
+        let mut ranks = c.ranks.exact.clone();
+        ranks.sort_unstable();
+        let mut nodes: Vec<String> = c
+            .nodes
+            .exact
+            .iter()
+            .filter_map(|&n| self.node_text.get(n as usize).map(|s| s.to_string()))
+            .collect();
+        nodes.sort_unstable();
+        Template {
+            id: c.id,
+            text,
+            count: c.count,
+            first_line: c.first_line,
+            last_line: c.last_line,
+            first_at_ms: c.first_at_ms,
+            last_at_ms: c.last_at_ms,
+            ranks,
+            distinct_ranks: c.ranks.distinct(),
+            nodes,
+            distinct_nodes: c.nodes.distinct(),
+            sample_line: c.sample_line,
+            sample_text: c.sample_text.clone(),
+        }
+    }
+
+    /// Fills `line_tokens` with the masked, interned tokens of `text`. Splits on ASCII
+    /// whitespace in one pass over the bytes, noting digits on the way, so a token
+    /// without digits goes straight to the interner.
+    fn tokenize(&mut self, text: &str) {
+        self.line_tokens.clear();
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+                i += 1;
+            }
+            if i == bytes.len() {
+                break;
+            }
+            let start = i;
+            let mut digits = false;
+            while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
+                digits |= bytes[i].is_ascii_digit();
+                i += 1;
+            }
+            if self.line_tokens.len() == self.config.max_line_tokens {
+                self.stats.lines_cut += 1;
+                break;
+            }
+            // Whitespace is ASCII, so `start..i` lies on character boundaries.
+            let raw = &text[start..i];
+            let id = if digits && is_plain_variable(raw.as_bytes()) {
+                WILDCARD
+            } else if digits {
+                let mut masked = std::mem::take(&mut self.masked);
+                mask_token(raw, &mut masked);
+                let id = self.intern(&masked);
+                self.masked = masked;
+                id
+            } else {
+                self.intern(raw)
+            };
+            self.line_tokens.push(id);
+        }
+    }
+
+    fn intern(&mut self, token: &str) -> u32 {
+        if let Some(&id) = self.token_ids.get(token) {
+            return id;
+        }
+        if self.token_text.len() >= self.config.max_tokens {
+            self.stats.tokens_over_cap += 1;
+            return WILDCARD;
+        }
+        let id = self.token_text.len() as u32;
+        self.token_ids.insert(Box::from(token), id);
+        self.token_text.push(Box::from(token));
+        id
+    }
+
+    fn intern_node(&mut self, node: &str) -> Option<u32> {
+        // Lines come in runs from one node; one remembered entry saves most lookups.
+        if let Some(last) = self.last_node {
+            if self
+                .node_text
+                .get(last as usize)
+                .is_some_and(|n| &**n == node)
+            {
+                return Some(last);
+            }
+        }
+        let id = self.intern_node_slow(node)?;
+        self.last_node = Some(id);
+        Some(id)
+    }
+
+    fn intern_node_slow(&mut self, node: &str) -> Option<u32> {
+        if let Some(&id) = self.node_ids.get(node) {
+            return Some(id);
+        }
+        if self.node_text.len() >= self.config.max_tokens {
+            return None;
+        }
+        let id = self.node_text.len() as u32;
+        self.node_ids.insert(Box::from(node), id);
+        self.node_text.push(Box::from(node));
+        Some(id)
+    }
+
+    /// The slot of the best matching cluster, if one is similar enough.
+    fn find(&self, tokens: &[u32]) -> Option<u32> {
+        let mut node = *self.roots.get(&(tokens.len() as u32))?;
+        for &token in tokens.iter().take(self.prefix_levels) {
+            let children = &self.nodes[node as usize].children;
+            match children.get(&token).or_else(|| children.get(&WILDCARD)) {
+                Some(&child) => node = child,
+                None => break,
+            }
+        }
+        let mut best: Option<(u32, f64, usize)> = None;
+        for &slot in &self.nodes[node as usize].clusters {
+            let Some(cluster) = self.slots[slot as usize].as_ref() else {
+                continue;
+            };
+            let (sim, params) = similarity(&cluster.tokens, tokens);
+            let better = match best {
+                None => true,
+                Some((_, s, p)) => sim > s || (sim == s && params > p),
+            };
+            if better {
+                best = Some((slot, sim, params));
+            }
+        }
+        best.filter(|&(_, sim, _)| sim >= self.config.sim_threshold)
+            .map(|(slot, _, _)| slot)
+    }
+
+    fn merge_into(&mut self, slot: u32) {
+        if let Some(cluster) = self.slots[slot as usize].as_mut() {
+            for (t, &l) in cluster.tokens.iter_mut().zip(&self.line_tokens) {
+                if *t != l {
+                    *t = WILDCARD;
+                }
+            }
+        }
+    }
+
+    /// Starts a cluster for the current line, evicting old ones if needed.
+    fn create(&mut self, line: LineRef<'_>) -> u32 {
+        if self.live >= self.config.max_clusters {
+            self.evict();
+        }
+        let tokens = self.line_tokens.clone();
+        let node = self.leaf_for_new(&tokens);
+        let id = ClusterId(self.next_id);
+        self.next_id += 1;
+        self.stats.clusters_created += 1;
+        let cluster = Cluster {
+            id,
+            tokens,
+            node,
+            count: 0,
+            first_line: line.id,
+            last_line: line.id,
+            first_at_ms: None,
+            last_at_ms: None,
+            ranks: ValueSet::new(),
+            nodes: ValueSet::new(),
+            sample_line: line.id,
+            sample_text: cut(line.text, self.config.max_sample_bytes).to_owned(),
+            last_used: 0,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(cluster);
+                slot
+            }
+            None => {
+                self.slots.push(Some(cluster));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.nodes[node as usize].clusters.push(slot);
+        self.live += 1;
+        slot
+    }
+
+    fn new_node(&mut self) -> Option<u32> {
+        if self.nodes.len() >= self.config.max_nodes + self.roots.len() {
+            return None;
+        }
+        self.nodes.push(Node::default());
+        Some((self.nodes.len() - 1) as u32)
+    }
+
+    /// Walks (and grows) the tree for a new cluster's tokens; returns the node that
+    /// will hold it. Mirrors the routing of [`Miner::find`].
+    fn leaf_for_new(&mut self, tokens: &[u32]) -> u32 {
+        let len = tokens.len() as u32;
+        let mut node = match self.roots.get(&len) {
+            Some(&n) => n,
+            None => {
+                // Roots are bounded by `max_line_tokens + 1`, so they do not count
+                // against `max_nodes`.
+                self.nodes.push(Node::default());
+                let n = (self.nodes.len() - 1) as u32;
+                self.roots.insert(len, n);
+                n
+            }
+        };
+        for &token in tokens.iter().take(self.prefix_levels) {
+            let children = &self.nodes[node as usize].children;
+            if let Some(&child) = children.get(&token) {
+                node = child;
+                continue;
+            }
+            let has_wild = children.contains_key(&WILDCARD);
+            let room = self.config.max_children;
+            let len = children.len();
+            let key = if token == WILDCARD {
+                WILDCARD
+            } else if (has_wild && len < room) || (!has_wild && len + 1 < room) {
+                token
+            } else {
+                WILDCARD
+            };
+            if let Some(&child) = self.nodes[node as usize].children.get(&key) {
+                node = child;
+                continue;
+            }
+            match self.new_node() {
+                Some(child) => {
+                    self.nodes[node as usize].children.insert(key, child);
+                    node = child;
+                }
+                None => break,
+            }
+        }
+        node
+    }
+
+    /// Evicts the least recently used sixteenth of the live clusters.
+    fn evict(&mut self) {
+        let mut by_use: Vec<(u64, u32)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, c)| c.as_ref().map(|c| (c.last_used, slot as u32)))
+            .collect();
+        let n = (self.config.max_clusters / 16).max(1).min(by_use.len());
+        if n == 0 {
+            return;
+        }
+        by_use.select_nth_unstable(n - 1);
+        for &(_, slot) in &by_use[..n] {
+            if let Some(cluster) = self.slots[slot as usize].take() {
+                let list = &mut self.nodes[cluster.node as usize].clusters;
+                if let Some(pos) = list.iter().position(|&s| s == slot) {
+                    list.swap_remove(pos);
+                }
+                self.free_slots.push(slot);
+                self.live -= 1;
+                self.stats.clusters_evicted += 1;
+            }
+        }
+    }
+
+    /// Records the line in the cluster's counters.
+    fn observe(&mut self, slot: u32, line: LineRef<'_>) -> ClusterId {
+        let node = line.node.and_then(|n| self.intern_node(n));
+        let tick = self.stats.lines;
+        let Some(c) = self.slots[slot as usize].as_mut() else {
+            return ClusterId(u64::MAX);
+        };
+        c.count += 1;
+        c.last_used = tick;
+        c.first_line = c.first_line.min(line.id);
+        c.last_line = c.last_line.max(line.id);
+        if let Some(at) = line.at_ms {
+            c.first_at_ms = Some(c.first_at_ms.map_or(at, |f| f.min(at)));
+            c.last_at_ms = Some(c.last_at_ms.map_or(at, |l| l.max(at)));
+        }
+        if let Some(rank) = line.rank {
+            c.ranks.insert(rank);
+        }
+        if let Some(node) = node {
+            c.nodes.insert(node);
+        }
+        c.id
+    }
+}
+
+/// A 64-bit finalizer (MurmurHash3's `fmix64`): neighbouring ranks land on unrelated
+/// bits, as linear counting assumes.
+fn mix64(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+/// Similarity of a line to a template of the same length: the share of positions with
+/// equal tokens, wildcard positions counted as neither; and the number of wildcards.
+fn similarity(template: &[u32], line: &[u32]) -> (f64, usize) {
+    if template.len() != line.len() {
+        return (0.0, 0);
+    }
+    if template.is_empty() {
+        return (1.0, 0);
+    }
+    let mut same = 0usize;
+    let mut params = 0usize;
+    for (&t, &l) in template.iter().zip(line) {
+        if t == WILDCARD {
+            params += 1;
+        } else if t == l {
+            same += 1;
+        }
+    }
+    (same as f64 / template.len() as f64, params)
+}
+
+/// `text` cut to at most `max` bytes at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Writes the masked form of `token` into `out` (see the module docs for the rules).
+pub fn mask_token(token: &str, out: &mut String) {
+    out.clear();
+    let bytes = token.as_bytes();
+    // Whether everything so far is a variable or a separator, and whether any variable
+    // was seen: together, whether the token collapses to one `<*>`.
+    let mut only_vars = true;
+    let mut any_var = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        if !bytes[i].is_ascii_alphanumeric() {
+            let start = i;
+            while i < bytes.len() && !bytes[i].is_ascii_alphanumeric() {
+                only_vars &= matches!(bytes[i], b'.' | b':' | b'/' | b'+' | b',' | b'-');
+                i += 1;
+            }
+            out.push_str(&token[start..i]);
+            continue;
+        }
+        if is_uuid_at(bytes, i) {
+            out.push_str(WILDCARD_TEXT);
+            any_var = true;
+            i += 36;
+            continue;
+        }
+        let start = i;
+        let mut digits = false;
+        let mut hex = true;
+        while i < bytes.len() && bytes[i].is_ascii_alphanumeric() {
+            digits |= bytes[i].is_ascii_digit();
+            hex &= bytes[i].is_ascii_hexdigit();
+            i += 1;
+        }
+        let run = &bytes[start..i];
+        if !digits {
+            out.push_str(&token[start..i]);
+            only_vars = false;
+        } else if hex || is_hex_literal(run) {
+            out.push_str(WILDCARD_TEXT);
+            any_var = true;
+        } else {
+            let mut j = start;
+            while j < i {
+                let k = j;
+                let digit_run = bytes[j].is_ascii_digit();
+                while j < i && bytes[j].is_ascii_digit() == digit_run {
+                    j += 1;
+                }
+                if digit_run {
+                    out.push_str(WILDCARD_TEXT);
+                } else {
+                    out.push_str(&token[k..j]);
+                }
+            }
+            any_var = true;
+            only_vars = false;
+        }
+    }
+    if only_vars && any_var && out.len() > WILDCARD_TEXT.len() {
+        out.clear();
+        out.push_str(WILDCARD_TEXT);
+    }
+}
+
+/// Whether `token` is nothing but numbers in the masking sense (hex-digit runs with a
+/// digit, `0x` literals) and separators `.:/+,-`: then its masked form is a single `<*>`,
+/// known without building it. A fast path only: `false` leaves the answer to
+/// [`mask_token`].
+fn is_plain_variable(token: &[u8]) -> bool {
+    let mut i = 0;
+    let mut any = false;
+    while i < token.len() {
+        let b = token[i];
+        if !b.is_ascii_alphanumeric() {
+            if !matches!(b, b'.' | b':' | b'/' | b'+' | b',' | b'-') {
+                return false;
+            }
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let mut digits = false;
+        let mut hex = true;
+        while i < token.len() && token[i].is_ascii_alphanumeric() {
+            digits |= token[i].is_ascii_digit();
+            hex &= token[i].is_ascii_hexdigit();
+            i += 1;
+        }
+        if !digits || !(hex || is_hex_literal(&token[start..i])) {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+/// `0x` followed by at least one hex digit.
+fn is_hex_literal(run: &[u8]) -> bool {
+    run.len() > 2
+        && run[0] == b'0'
+        && (run[1] == b'x' || run[1] == b'X')
+        && run[2..].iter().all(u8::is_ascii_hexdigit)
+}
+
+/// A UUID (8-4-4-4-12 hex) starts at `i` and is not followed by an alphanumeric.
+fn is_uuid_at(bytes: &[u8], i: usize) -> bool {
+    let Some(s) = bytes.get(i..i + 36) else {
+        return false;
+    };
+    let shape_ok = s.iter().enumerate().all(|(k, &b)| match k {
+        8 | 13 | 18 | 23 => b == b'-',
+        _ => b.is_ascii_hexdigit(),
+    });
+    shape_ok && !bytes.get(i + 36).is_some_and(u8::is_ascii_alphanumeric)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn masked(token: &str) -> String {
+        let mut out = String::new();
+        mask_token(token, &mut out);
+        out
+    }
+
+    #[test]
+    fn masking_table() {
+        let cases = [
+            ("iteration", "iteration"),
+            ("42", "<*>"),
+            ("-3.5e-4", "<*>"),
+            ("1.234E+00", "<*>"),
+            ("0x7f3a0000beef", "<*>"),
+            ("0xdead", "<*>"),
+            ("rank3", "rank<*>"),
+            ("[rank131]:", "[rank<*>]:"),
+            ("[E703", "[<*>"),
+            ("gpu-node-026", "gpu-node-<*>"),
+            ("10.0.3.17:45123", "<*>"),
+            ("10.0.3.17<45123>", "<*>.<*>.<*>.<*><<*>>"),
+            ("0000:3b:00.0", "<*>"),
+            ("(PCI:0000:3b:00):", "(PCI:<*>:<*>:<*>):"),
+            ("2024-05-14T03:12:45.123Z", "<*>-<*>-<*>T<*>:<*>:<*>.<*>Z"),
+            ("15:37:17.178057290", "<*>"),
+            ("GPU-8c1d2e3f-aaaa-bbbb-cccc-0123456789ab", "GPU-<*>"),
+            ("8c1d2e3f-aaaa-bbbb-cccc-0123456789ab,", "<*>"),
+            ("/data/shard_00042.bin", "/data/shard_<*>.bin"),
+            ("ProcessGroupNCCL.cpp:1922]", "ProcessGroupNCCL.cpp:<*>]"),
+            ("SeqNum=1234,", "SeqNum=<*>,"),
+            ("12/500", "<*>"),
+            ("bf16", "<*>"),
+            ("fp16", "fp<*>"),
+            ("naïve7", "naïve<*>"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(masked(input), want, "masking {input:?}");
+            if is_plain_variable(input.as_bytes()) {
+                assert_eq!(want, "<*>", "fast path agrees on {input:?}");
+            }
+        }
+        for plain in [
+            "42",
+            "0.912",
+            "1.234E+00",
+            "0x7f",
+            "10.0.3.17:45123",
+            "12/500",
+        ] {
+            assert!(is_plain_variable(plain.as_bytes()), "{plain:?}");
+        }
+    }
+
+    fn mine(lines: &[&str]) -> (Miner, Vec<ClusterId>) {
+        let mut miner = Miner::new(DrainConfig::default()).expect("default config is valid");
+        let ids = lines
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                miner.add(LineRef {
+                    id: i as u64,
+                    text,
+                    ..LineRef::default()
+                })
+            })
+            .collect();
+        (miner, ids)
+    }
+
+    #[test]
+    fn lines_differing_in_variables_share_a_template() {
+        let (miner, ids) = mine(&[
+            "iteration 100/ 5000 | lm loss: 2.345E+00 | grad norm: 0.912",
+            "iteration 101/ 5000 | lm loss: 2.301E+00 | grad norm: 0.877",
+            "Loading checkpoint from /ckpt/iter_0000100",
+            "iteration 102/ 5000 | lm loss: 2.299E+00 | grad norm: 1.001",
+        ]);
+        assert_eq!(ids[0], ids[1]);
+        assert_eq!(ids[0], ids[3]);
+        assert_ne!(ids[0], ids[2]);
+        let t = miner.template(ids[0]).expect("template is live");
+        assert_eq!(t.text, "iteration <*> <*> | lm loss: <*> | grad norm: <*>");
+        assert_eq!(t.count, 3);
+        assert_eq!((t.first_line, t.last_line), (0, 3));
+        assert_eq!(miner.stats().clusters, 2);
+    }
+
+    #[test]
+    fn differing_constant_tokens_become_wildcards_above_threshold() {
+        let (miner, ids) = mine(&[
+            "NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/IPC",
+            "NCCL INFO Channel 01 : 1[1] -> 2[2] via SHM/direct",
+        ]);
+        assert_eq!(ids[0], ids[1]);
+        let t = miner.template(ids[0]).expect("template is live");
+        assert_eq!(
+            t.text,
+            "NCCL INFO Channel <*> : <*>[<*>] -> <*>[<*>] via <*>"
+        );
+    }
+
+    #[test]
+    fn dissimilar_lines_of_equal_length_stay_apart() {
+        let (_, ids) = mine(&["alpha beta gamma delta", "alpha one two three"]);
+        // 1 of 4 positions agree: 0.25 < 0.4.
+        assert_ne!(ids[0], ids[1]);
+    }
+
+    #[test]
+    fn ranks_nodes_and_times_are_tracked_per_template() {
+        let mut miner = Miner::new(DrainConfig::default()).expect("valid");
+        for rank in 0..8u32 {
+            let node = format!("node-{}", rank / 4);
+            miner.add(LineRef {
+                id: u64::from(rank),
+                text: "watchdog timeout at work 77",
+                rank: Some(rank),
+                node: Some(&node),
+                at_ms: Some(1_000 + i64::from(rank)),
+            });
+        }
+        let t = &miner.templates()[0];
+        assert_eq!(t.ranks, (0..8).collect::<Vec<_>>());
+        assert_eq!(t.distinct_ranks, 8);
+        assert_eq!(t.nodes, vec!["node-0".to_owned(), "node-1".to_owned()]);
+        assert_eq!(t.distinct_nodes, 2);
+        assert_eq!((t.first_at_ms, t.last_at_ms), (Some(1_000), Some(1_007)));
+    }
+
+    #[test]
+    fn distinct_ranks_beyond_the_exact_set_are_estimated() {
+        let mut miner = Miner::new(DrainConfig::default()).expect("valid");
+        for rank in 0..1024u32 {
+            miner.add(LineRef {
+                id: u64::from(rank),
+                text: "heartbeat ok",
+                rank: Some(rank),
+                ..LineRef::default()
+            });
+        }
+        let t = &miner.templates()[0];
+        assert_eq!(t.ranks.len(), EXACT_VALUES);
+        let est = t.distinct_ranks as f64;
+        assert!((900.0..1150.0).contains(&est), "estimate {est}");
+    }
+
+    #[test]
+    fn cluster_cap_evicts_least_recently_used() {
+        let config = DrainConfig {
+            max_clusters: 16,
+            ..DrainConfig::default()
+        };
+        let mut miner = Miner::new(config).expect("valid");
+        let words = [
+            "apple", "brick", "cloud", "drum", "eagle", "flute", "grape", "harp", "iris", "jade",
+            "kite", "lemon", "mango", "nectar", "olive", "pear", "quill", "rose",
+        ];
+        let mut id = 0u64;
+        let mut add = |m: &mut Miner, text: &str| {
+            id += 1;
+            m.add(LineRef {
+                id,
+                text,
+                ..LineRef::default()
+            })
+        };
+        let keep = add(&mut miner, "steady periodic line");
+        for w in &words[..15] {
+            add(&mut miner, &format!("{w} {w} {w}"));
+            add(&mut miner, "steady periodic line");
+        }
+        // 16 live; the next new template evicts the oldest unused one ("apple").
+        add(&mut miner, "zebra zebra zebra");
+        let stats = miner.stats();
+        assert_eq!(stats.clusters_evicted, 1);
+        assert_eq!(stats.clusters, 16);
+        let texts: Vec<String> = miner.templates().into_iter().map(|t| t.text).collect();
+        assert!(!texts.iter().any(|t| t.starts_with("apple")), "{texts:?}");
+        assert!(texts.iter().any(|t| t.starts_with("zebra")));
+        assert!(miner.template(keep).is_some(), "recently used survives");
+    }
+
+    #[test]
+    fn vocabulary_cap_treats_new_tokens_as_variables() {
+        let config = DrainConfig {
+            max_tokens: 16,
+            ..DrainConfig::default()
+        };
+        let mut miner = Miner::new(config).expect("valid");
+        for i in 0..100u64 {
+            let text = format!("user {} logged in", ["a", "b", "c", "d"][(i % 4) as usize])
+                + &"x".repeat(i as usize % 50);
+            miner.add(LineRef {
+                id: i,
+                text: &text,
+                ..LineRef::default()
+            });
+        }
+        let stats = miner.stats();
+        assert!(stats.tokens <= 16);
+        assert!(stats.tokens_over_cap > 0);
+    }
+
+    #[test]
+    fn bad_config_names_the_field() {
+        let err = Miner::new(DrainConfig {
+            depth: 2,
+            ..DrainConfig::default()
+        })
+        .expect_err("depth 2 is rejected");
+        assert_eq!(err.field, "depth");
+        let err = DrainConfig {
+            sim_threshold: 1.5,
+            ..DrainConfig::default()
+        }
+        .validate()
+        .expect_err("threshold above 1 is rejected");
+        assert_eq!(err.field, "sim_threshold");
+    }
+
+    #[test]
+    fn long_lines_are_cut_and_empty_lines_have_a_template() {
+        let config = DrainConfig {
+            max_line_tokens: 4,
+            max_sample_bytes: 8,
+            ..DrainConfig::default()
+        };
+        let mut miner = Miner::new(config).expect("valid");
+        let a = miner.add(LineRef {
+            id: 0,
+            text: "a b c d e f g",
+            ..LineRef::default()
+        });
+        let b = miner.add(LineRef {
+            id: 1,
+            text: "",
+            ..LineRef::default()
+        });
+        assert_ne!(a, b);
+        let t = miner.template(a).expect("live");
+        assert_eq!(t.text, "a b c d");
+        assert_eq!(t.sample_text, "a b c d ");
+        assert_eq!(miner.stats().lines_cut, 1);
+        assert_eq!(miner.template(b).expect("live").text, "");
+    }
+}
