@@ -5,6 +5,8 @@
 //! own; an LLM may refine the answer where rules run out, but only ever recommends.
 //! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
 
+pub mod classify;
 pub mod model;
+pub mod rules;
 
 pub use model::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus, LogLine};
