@@ -395,7 +395,7 @@ pub fn classify(rules: &RuleSet, lines: &[LogLine]) -> Diagnosis {
     c.diagnosis()
 }
 
-const CULPRIT_FIELDS: [Field; 10] = [
+const CULPRIT_FIELDS: [Field; 11] = [
     Field::Rank,
     Field::LocalRank,
     Field::Host,
@@ -406,6 +406,7 @@ const CULPRIT_FIELDS: [Field; 10] = [
     Field::Pid,
     Field::Peer,
     Field::Device,
+    Field::Worker,
 ];
 
 fn push_value(list: &mut Vec<String>, value: String) {

@@ -6,6 +6,8 @@
 //! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
 
 pub mod classify;
+pub mod eval;
+pub mod input;
 pub mod model;
 pub mod rules;
 
