@@ -66,7 +66,7 @@ fn run(args: &DiagnoseArgs) -> Result<ExitCode, Refusal> {
 
     if let Some(corpus) = &args.eval {
         let evaluation = run_eval(&rules, corpus)?;
-        print_eval(&evaluation, args.json).map_err(|e| Refusal::new(1, format!("{e:#}")))?;
+        print_eval(&evaluation, args.json).or_else(quiet_broken_pipe)?;
         return Ok(ExitCode::SUCCESS);
     }
 
@@ -74,9 +74,28 @@ fn run(args: &DiagnoseArgs) -> Result<ExitCode, Refusal> {
     warn_about_input(&outcome.stats);
     // The rules' answer is final here; a refinement step would take `outcome` (the
     // answer and its evidence) and return the diagnosis to print.
-    print_diagnosis(&outcome.diagnosis, &outcome.stats, args.json)
-        .map_err(|e| Refusal::new(1, format!("{e:#}")))?;
+    print_diagnosis(&outcome.diagnosis, &outcome.stats, args.json).or_else(quiet_broken_pipe)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A reader that stopped reading (`| head`) is not an error.
+fn quiet_broken_pipe(e: anyhow::Error) -> Result<(), Refusal> {
+    let broken = e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .map(std::io::Error::kind)
+            .or_else(|| {
+                cause
+                    .downcast_ref::<serde_json::Error>()
+                    .and_then(serde_json::Error::io_error_kind)
+            })
+            == Some(std::io::ErrorKind::BrokenPipe)
+    });
+    if broken {
+        Ok(())
+    } else {
+        Err(Refusal::new(1, format!("{e:#}")))
+    }
 }
 
 fn classify_inputs(rules: &RuleSet, files: &[PathBuf]) -> Result<RulesOutcome, Refusal> {
