@@ -1,8 +1,10 @@
 //! `warden`: the operator command line. `warden demo` runs a simulated job with a
 //! scripted fault mix against an in-process controller; `warden sim` runs a scenario
-//! as fast as possible and reports what the controller found.
+//! as fast as possible and reports what the controller found; `warden diagnose`
+//! classifies a failure from its logs.
 
 mod demo;
+mod diagnose;
 mod show;
 mod sim;
 
@@ -31,6 +33,9 @@ enum Command {
     Demo(DemoArgs),
     /// Run a scenario file as fast as possible and summarise what was detected.
     Sim(SimArgs),
+    /// Classify a failure from its logs (files, or stdin): category, fault locus,
+    /// culprit, evidence. With --eval, score the rules on a labelled corpus.
+    Diagnose(DiagnoseArgs),
     /// Print the version of this build and the wire version it speaks.
     Version,
 }
@@ -66,8 +71,35 @@ pub struct SimArgs {
     pub quiet: bool,
 }
 
+/// Options of `warden diagnose`.
+#[derive(Debug, clap::Args)]
+pub struct DiagnoseArgs {
+    /// Log files, read in order as one log (stdin when none; `-` is stdin).
+    #[arg(value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Directory of rule files (*.yaml): each replaces the shipped file of the same
+    /// name, others are added.
+    #[arg(long, value_name = "DIR")]
+    pub rules: Option<PathBuf>,
+    /// Score the rules on a labelled corpus (JSON lines) instead of diagnosing logs.
+    #[arg(long, value_name = "CORPUS.jsonl", conflicts_with = "files")]
+    pub eval: Option<PathBuf>,
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Usage errors exit 64 (EX_USAGE) like configuration errors; help and
+            // version go to stdout and succeed.
+            let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
@@ -77,6 +109,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => demo::main(args),
         Command::Sim(args) => sim::main(&args),
+        Command::Diagnose(args) => diagnose::main(&args),
         Command::Version => {
             println!(
                 "warden {} (wire version {})",

@@ -5,13 +5,17 @@
 //! own; an LLM may refine the answer where rules run out, but only ever recommends.
 //! Nothing here opens a socket except the LLM client, and nothing reads the wall clock.
 
+pub mod classify;
 pub mod drain;
+pub mod eval;
 pub mod evidence;
+pub mod input;
 pub mod llm;
 pub mod llm_eval;
 pub mod loggen;
 pub mod model;
 pub mod redact;
+pub mod rules;
 pub mod watchdog;
 
 pub use model::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus, LogLine};

@@ -191,8 +191,25 @@ pub struct Culprit {
     pub ranks: Vec<u32>,
     /// Hosts / node names (or addresses when that is all the log gives).
     pub nodes: Vec<String>,
-    /// GPUs: an index, a PCI bus id or a UUID, as the log names them.
+    /// GPUs: an index ("3"), a PCI bus id ("0000:41:00.0"), a UUID ("GPU-…") or a
+    /// device minor number ("minor 2"), as the log names them.
     pub gpus: Vec<String>,
+    /// Local ranks (the rank within a node, as launchers print it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_ranks: Vec<u32>,
+    /// Operating-system process ids.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<u32>,
+    /// The other end of a failed connection: an address ("10.1.2.3", "10.1.2.3:29500")
+    /// or a host name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<String>,
+    /// Network devices and ports, e.g. "mlx5_3:1".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// DataLoader worker ids.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<u32>,
     /// The culprit in words, e.g. "rank 7 (gpu-node-26, GPU 3)".
     pub text: String,
 }
@@ -200,7 +217,14 @@ pub struct Culprit {
 impl Culprit {
     /// Whether nothing is named.
     pub fn is_empty(&self) -> bool {
-        self.ranks.is_empty() && self.nodes.is_empty() && self.gpus.is_empty()
+        self.ranks.is_empty()
+            && self.nodes.is_empty()
+            && self.gpus.is_empty()
+            && self.local_ranks.is_empty()
+            && self.pids.is_empty()
+            && self.peers.is_empty()
+            && self.devices.is_empty()
+            && self.workers.is_empty()
     }
 }
 

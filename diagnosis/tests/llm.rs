@@ -195,6 +195,7 @@ fn rules_answer() -> Diagnosis {
             nodes: vec!["gpu-node-26".to_owned()],
             gpus: vec![],
             text: "rank 7 (gpu-node-26)".to_owned(),
+            ..Culprit::default()
         },
         confidence: 0.5,
         rule_ids: vec!["nccl.watchdog_timeout".to_owned()],

@@ -361,6 +361,7 @@ pub fn validate(content: &str, prompt: &Prompt) -> Result<Answer, AnswerError> {
         nodes,
         gpus,
         text: culprit_text,
+        ..Culprit::default()
     };
     if !dropped.is_empty() || culprit.is_empty() {
         // The model's words may name what was dropped: say only what survived.

@@ -362,6 +362,7 @@ impl LlmDiagnoser {
                 nodes: a.culprit.nodes.iter().map(|n| map.reveal(n)).collect(),
                 gpus: a.culprit.gpus.iter().map(|g| map.reveal(g)).collect(),
                 text: map.reveal(&a.culprit.text),
+                ..crate::model::Culprit::default()
             }
         };
         Diagnosis {

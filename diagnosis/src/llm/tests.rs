@@ -26,6 +26,7 @@ fn rules() -> Diagnosis {
             nodes: vec!["gpu-node-26".to_owned()],
             gpus: vec![],
             text: "rank 7 (gpu-node-26)".to_owned(),
+            ..Culprit::default()
         },
         confidence: 0.6,
         rule_ids: vec!["nccl.watchdog".to_owned()],

@@ -1,0 +1,752 @@
+//! From lines to an answer with rules only: every line is scanned, each line gives its
+//! vote to its most specific rule, votes are weighed per category (causes outrank
+//! symptoms, repeats add with diminishing returns), and the winner's hits name the
+//! culprit. Pure: no I/O, no clock; memory stays bounded however long the input.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::model::{Category, Culprit, Diagnosis, EvidenceLine, LogLine};
+use crate::rules::{Field, Hit, Role, RuleSet, Scratch};
+
+/// Hits kept per rule at the start and at the end of the input (the count is exact).
+const KEEP_PER_RULE: usize = 32;
+/// How far (in lines) a context line may be from a winning hit to fill the culprit.
+const CONTEXT_LINES: u64 = 8;
+/// Longest line text kept for evidence, in bytes.
+const EVIDENCE_TEXT_BYTES: usize = 400;
+/// Most values of one kind named in a culprit.
+const MAX_VALUES: usize = 8;
+/// Most evidence lines in an answer.
+const MAX_EVIDENCE: usize = 12;
+
+/// A rule's match on an input line, with the line's origin folded into its captures.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineHit {
+    /// The line's id.
+    pub line: u64,
+    /// Index of the rule in the rule set.
+    pub rule: usize,
+    /// The rule's captures, then what the line's origin says (rank, host, pid, GPU)
+    /// for fields the rule did not capture.
+    pub fields: Vec<(Field, String)>,
+    /// The line, shortened.
+    pub text: String,
+}
+
+impl LineHit {
+    fn get(&self, field: Field) -> impl Iterator<Item = &str> {
+        self.fields
+            .iter()
+            .filter(move |(f, _)| *f == field)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    count: u64,
+    first: Vec<LineHit>,
+    last: VecDeque<LineHit>,
+}
+
+impl Kept {
+    fn push(&mut self, hit: LineHit) {
+        self.count += 1;
+        if self.first.len() < KEEP_PER_RULE {
+            self.first.push(hit);
+        } else {
+            if self.last.len() == KEEP_PER_RULE {
+                self.last.pop_front();
+            }
+            self.last.push_back(hit);
+        }
+    }
+
+    fn hits(&self) -> impl Iterator<Item = &LineHit> {
+        self.first.iter().chain(self.last.iter())
+    }
+}
+
+/// One category's standing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CategoryScore {
+    /// The category.
+    pub category: Category,
+    /// Its weighed votes.
+    pub score: f64,
+    /// Its rules, strongest contribution first: (rule index, lines, contribution).
+    pub rules: Vec<(usize, u64, f64)>,
+    /// First line that voted for it.
+    pub first_line: u64,
+}
+
+/// Streaming classifier: feed lines with [`Classifier::push`], then ask
+/// [`Classifier::diagnosis`].
+#[derive(Debug)]
+pub struct Classifier<'r> {
+    rules: &'r RuleSet,
+    scratch: Scratch,
+    buf: Vec<Hit>,
+    kept: Vec<Kept>,
+    lines: u64,
+}
+
+impl<'r> Classifier<'r> {
+    /// A classifier over `rules`.
+    pub fn new(rules: &'r RuleSet) -> Self {
+        Classifier {
+            rules,
+            scratch: Scratch::default(),
+            buf: Vec::new(),
+            kept: (0..rules.rules().len()).map(|_| Kept::default()).collect(),
+            lines: 0,
+        }
+    }
+
+    /// Lines seen so far.
+    pub fn lines(&self) -> u64 {
+        self.lines
+    }
+
+    /// Scan one line. Of the rules that vote for a category, only the most specific
+    /// one keeps the line (non-generic over generic, then the highest weight); context
+    /// rules always keep it.
+    pub fn push(&mut self, line: &LogLine) {
+        self.lines += 1;
+        self.buf.clear();
+        self.rules
+            .scan(&line.text, &mut self.scratch, &mut self.buf);
+        if self.buf.is_empty() {
+            return;
+        }
+        let rules = self.rules.rules();
+        let specific = self
+            .buf
+            .iter()
+            .any(|h| rules[h.rule].category.is_some() && !rules[h.rule].generic);
+        let voter = self
+            .buf
+            .iter()
+            .filter(|h| rules[h.rule].category.is_some() && !(specific && rules[h.rule].generic))
+            .max_by(|a, b| {
+                rules[a.rule]
+                    .weight
+                    .total_cmp(&rules[b.rule].weight)
+                    .then(b.rule.cmp(&a.rule))
+            })
+            .map(|h| h.rule);
+        let origin = origin(line);
+        for hit in self.buf.drain(..) {
+            if Some(hit.rule) != voter && rules[hit.rule].role != Role::Context {
+                continue;
+            }
+            let mut fields = hit.captures;
+            for (field, value) in &origin {
+                if !fields.iter().any(|(f, _)| f == field) {
+                    fields.push((*field, value.clone()));
+                }
+            }
+            self.kept[hit.rule].push(LineHit {
+                line: line.id,
+                rule: hit.rule,
+                fields,
+                text: shorten(&line.text, EVIDENCE_TEXT_BYTES),
+            });
+        }
+    }
+
+    /// Every kept hit (bounded per rule), in rule order.
+    pub fn hits(&self) -> impl Iterator<Item = &LineHit> {
+        self.kept.iter().flat_map(Kept::hits)
+    }
+
+    /// Categories that got votes, best first.
+    pub fn scores(&self) -> Vec<CategoryScore> {
+        let rules = self.rules.rules();
+        let mut by_category: BTreeMap<Category, CategoryScore> = BTreeMap::new();
+        for (index, kept) in self.kept.iter().enumerate() {
+            let Some(category) = rules[index].category else {
+                continue;
+            };
+            if kept.count == 0 {
+                continue;
+            }
+            let repeat = (1.0 + 0.2 * (kept.count as f64).ln()).min(1.5);
+            let contribution = rules[index].weight * repeat;
+            let first = kept.first.first().map_or(u64::MAX, |h| h.line);
+            let entry = by_category.entry(category).or_insert(CategoryScore {
+                category,
+                score: 0.0,
+                rules: Vec::new(),
+                first_line: first,
+            });
+            entry.rules.push((index, kept.count, contribution));
+            entry.first_line = entry.first_line.min(first);
+        }
+        let mut scores: Vec<CategoryScore> = by_category
+            .into_values()
+            .map(|mut c| {
+                c.rules
+                    .sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
+                c.score = c
+                    .rules
+                    .iter()
+                    .zip(0..)
+                    .map(|((_, _, w), i)| w * 0.5f64.powi(i))
+                    .sum();
+                c
+            })
+            .collect();
+        scores.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then(a.first_line.cmp(&b.first_line))
+        });
+        scores
+    }
+
+    /// The rules' answer.
+    pub fn diagnosis(&self) -> Diagnosis {
+        let scores = self.scores();
+        let Some(top) = scores.first() else {
+            let mut d = Diagnosis::unknown();
+            d.explanation = format!("no rule matched any of the {} line(s)", self.lines);
+            return d;
+        };
+        let rules = self.rules.rules();
+        let total: f64 = scores.iter().map(|s| s.score).sum();
+        let share = if total > 0.0 { top.score / total } else { 0.0 };
+        let strength = 1.0 - (-1.5 * top.score).exp();
+        let confidence = (share * strength * 100.0).round() / 100.0;
+        let (lead, _, _) = top.rules[0];
+        let winner_hits: Vec<&LineHit> = top
+            .rules
+            .iter()
+            .flat_map(|(r, _, _)| self.kept[*r].hits())
+            .collect();
+        let (culprit, culprit_lines) = self.culprit(&winner_hits);
+
+        let mut evidence: Vec<EvidenceLine> = Vec::new();
+        let mut ordered = winner_hits.clone();
+        ordered.sort_by(|a, b| {
+            rules[b.rule]
+                .weight
+                .total_cmp(&rules[a.rule].weight)
+                .then(a.line.cmp(&b.line))
+        });
+        for hit in ordered.iter().take(MAX_EVIDENCE / 2) {
+            evidence.push(evidence_line(self.rules, hit, "rule"));
+        }
+        for line in &culprit_lines {
+            if evidence.iter().any(|e| e.id == *line) {
+                continue;
+            }
+            if let Some(hit) = self.hits().find(|h| h.line == *line) {
+                evidence.push(evidence_line(self.rules, hit, "context"));
+            }
+        }
+        for other in scores.iter().skip(1).take(3) {
+            let (r, _, _) = other.rules[0];
+            if let Some(hit) = self.kept[r].hits().next() {
+                if evidence.len() < MAX_EVIDENCE && !evidence.iter().any(|e| e.id == hit.line) {
+                    evidence.push(evidence_line(self.rules, hit, "rule (other category)"));
+                }
+            }
+        }
+        evidence.truncate(MAX_EVIDENCE);
+
+        let lead_rule = &rules[lead];
+        let lead_hits: Vec<String> = self.kept[lead]
+            .hits()
+            .take(3)
+            .map(|h| format!("line {}", h.line))
+            .collect();
+        let mut explanation = format!(
+            "{} ({}): {} — {} line(s), first at {}",
+            top.category,
+            lead_rule
+                .fault_locus
+                .map_or("unknown locus", |l| l.as_str()),
+            lead_rule.description,
+            self.kept[lead].count,
+            lead_hits.join(", "),
+        );
+        if top.rules.len() > 1 {
+            let more: Vec<String> = top.rules[1..]
+                .iter()
+                .take(4)
+                .map(|(r, n, _)| format!("{} ×{n}", rules[*r].id))
+                .collect();
+            explanation.push_str(&format!("; also {}", more.join(", ")));
+        }
+        if culprit.is_empty() {
+            explanation.push_str(". The lines name no culprit");
+        } else {
+            let cited: Vec<String> = culprit_lines
+                .iter()
+                .take(4)
+                .map(|l| format!("line {l}"))
+                .collect();
+            explanation.push_str(&format!(
+                ". Culprit {} (from {})",
+                culprit.text,
+                cited.join(", ")
+            ));
+        }
+        if let Some(second) = scores.get(1) {
+            explanation.push_str(&format!(
+                ". Outweighed: {} ({:.2} against {:.2})",
+                second.category, second.score, top.score
+            ));
+        }
+        explanation.push('.');
+
+        Diagnosis {
+            category: Some(top.category),
+            fault_locus: lead_rule.fault_locus,
+            culprit,
+            confidence,
+            rule_ids: top
+                .rules
+                .iter()
+                .map(|(r, _, _)| rules[*r].id.clone())
+                .collect(),
+            evidence,
+            explanation,
+            source: "rules".to_owned(),
+            recommended_action: lead_rule.action.clone(),
+        }
+    }
+
+    /// The culprit: per field, the values of the strongest winning hits that name it;
+    /// fields still missing are filled from context lines near those hits.
+    fn culprit(&self, winner_hits: &[&LineHit]) -> (Culprit, Vec<u64>) {
+        let rules = self.rules.rules();
+        let blaming: Vec<&LineHit> = winner_hits
+            .iter()
+            .copied()
+            .filter(|h| rules[h.rule].blame)
+            .collect();
+        let mut values: BTreeMap<Field, Vec<String>> = BTreeMap::new();
+        let mut lines: Vec<u64> = Vec::new();
+        for field in CULPRIT_FIELDS {
+            let Some(best) = blaming
+                .iter()
+                .filter(|h| h.get(field).next().is_some())
+                .map(|h| rules[h.rule].weight)
+                .max_by(f64::total_cmp)
+            else {
+                continue;
+            };
+            let mut sorted: Vec<&&LineHit> = blaming
+                .iter()
+                .filter(|h| rules[h.rule].weight == best)
+                .collect();
+            sorted.sort_by_key(|h| h.line);
+            for hit in sorted {
+                for v in hit.get(field) {
+                    push_value(values.entry(field).or_default(), normalize(field, v));
+                    if !lines.contains(&hit.line) {
+                        lines.push(hit.line);
+                    }
+                }
+            }
+        }
+        let context: Vec<&LineHit> = self
+            .hits()
+            .filter(|h| rules[h.rule].role == Role::Context)
+            .collect();
+        for field in CULPRIT_FIELDS {
+            if values.contains_key(&field) {
+                continue;
+            }
+            let nearest = context
+                .iter()
+                .filter(|c| c.get(field).next().is_some())
+                .filter_map(|c| {
+                    blaming
+                        .iter()
+                        .map(|h| h.line.abs_diff(c.line))
+                        .min()
+                        .filter(|d| *d <= CONTEXT_LINES)
+                        .map(|d| (d, c.line, *c))
+                })
+                .min_by_key(|(d, line, _)| (*d, *line));
+            if let Some((_, line, hit)) = nearest {
+                for v in hit.get(field) {
+                    push_value(values.entry(field).or_default(), normalize(field, v));
+                }
+                if !lines.contains(&line) {
+                    lines.push(line);
+                }
+            }
+        }
+        lines.sort_unstable();
+        (build_culprit(&values), lines)
+    }
+}
+
+/// Classify a whole slice of lines.
+pub fn classify(rules: &RuleSet, lines: &[LogLine]) -> Diagnosis {
+    let mut c = Classifier::new(rules);
+    for line in lines {
+        c.push(line);
+    }
+    c.diagnosis()
+}
+
+const CULPRIT_FIELDS: [Field; 11] = [
+    Field::Rank,
+    Field::LocalRank,
+    Field::Host,
+    Field::Gpu,
+    Field::Pci,
+    Field::Uuid,
+    Field::Minor,
+    Field::Pid,
+    Field::Peer,
+    Field::Device,
+    Field::Worker,
+];
+
+fn push_value(list: &mut Vec<String>, value: String) {
+    if list.len() < MAX_VALUES && !list.contains(&value) {
+        list.push(value);
+    }
+}
+
+fn normalize(field: Field, value: &str) -> String {
+    match field {
+        Field::Pci => normalize_pci(value).unwrap_or_else(|| value.to_owned()),
+        Field::Uuid => value.to_ascii_lowercase().replacen("gpu-", "GPU-", 1),
+        _ => value.to_owned(),
+    }
+}
+
+/// A PCI bus id as `dddd:bb:dd.f` in lower case ("PCI:0000:41:00" → "0000:41:00.0",
+/// "00000000:3B:00.0" → "0000:3b:00.0"); `None` when it is not one.
+pub fn normalize_pci(raw: &str) -> Option<String> {
+    let s = raw.trim().trim_start_matches("PCI:").to_ascii_lowercase();
+    let (addr, function) = match s.split_once('.') {
+        Some((a, f)) => (a, f),
+        None => (s.as_str(), "0"),
+    };
+    let parts: Vec<&str> = addr.split(':').collect();
+    let hex = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_hexdigit());
+    let (domain, bus, device) = match parts.as_slice() {
+        [d, b, v] => (*d, *b, *v),
+        [b, v] => ("0000", *b, *v),
+        _ => return None,
+    };
+    if !(hex(domain) && hex(bus) && hex(device) && function.len() == 1 && hex(function)) {
+        return None;
+    }
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let bus = u32::from_str_radix(bus, 16).ok()?;
+    let device = u32::from_str_radix(device, 16).ok()?;
+    Some(format!("{domain:04x}:{bus:02x}:{device:02x}.{function}"))
+}
+
+fn numbers(values: Option<&Vec<String>>) -> Vec<u32> {
+    values
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.parse().ok())
+        .collect()
+}
+
+fn build_culprit(values: &BTreeMap<Field, Vec<String>>) -> Culprit {
+    let get = |f: Field| values.get(&f).cloned().unwrap_or_default();
+    let mut gpus = get(Field::Gpu);
+    gpus.extend(get(Field::Pci));
+    gpus.extend(get(Field::Uuid));
+    gpus.extend(get(Field::Minor).into_iter().map(|m| format!("minor {m}")));
+    let mut c = Culprit {
+        ranks: numbers(values.get(&Field::Rank)),
+        nodes: get(Field::Host),
+        gpus,
+        local_ranks: numbers(values.get(&Field::LocalRank)),
+        pids: numbers(values.get(&Field::Pid)),
+        peers: get(Field::Peer),
+        devices: get(Field::Device),
+        workers: numbers(values.get(&Field::Worker)),
+        text: String::new(),
+    };
+    c.text = culprit_text(&c);
+    c
+}
+
+fn culprit_text(c: &Culprit) -> String {
+    fn join<T: ToString>(word: &str, items: &[T]) -> Option<String> {
+        (!items.is_empty()).then(|| {
+            let list: Vec<String> = items.iter().map(ToString::to_string).collect();
+            format!("{word} {}", list.join(", "))
+        })
+    }
+    let parts: Vec<String> = [
+        join(if c.ranks.len() > 1 { "ranks" } else { "rank" }, &c.ranks),
+        join("local_rank", &c.local_ranks),
+        join("host", &c.nodes),
+        join("GPU", &c.gpus),
+        join("device", &c.devices),
+        join("DataLoader worker", &c.workers),
+        join("pid", &c.pids),
+        join("peer", &c.peers),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if parts.is_empty() {
+        "not named in the logs".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn evidence_line(rules: &RuleSet, hit: &LineHit, reason: &str) -> EvidenceLine {
+    let rule = &rules.rules()[hit.rule];
+    EvidenceLine {
+        id: hit.line,
+        text: hit.text.clone(),
+        rule_id: Some(rule.id.clone()),
+        reason: reason.to_owned(),
+        score: rule.weight,
+    }
+}
+
+fn shorten(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// What a line's own form says about where it came from: the source's node and rank,
+/// a `[rankN]:` prefix (torchrun `--tee`/log prefixes), an NCCL `host:pid:tid [gpu]`
+/// prefix, a syslog `Mon DD HH:MM:SS host kernel:` prefix.
+fn origin(line: &LogLine) -> Vec<(Field, String)> {
+    let mut out = Vec::new();
+    if let Some(node) = &line.node {
+        out.push((Field::Host, node.clone()));
+    }
+    if let Some(rank) = line.rank {
+        out.push((Field::Rank, rank.to_string()));
+    }
+    let text = line.text.trim_start();
+    if let Some(rest) = text.strip_prefix("[rank") {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if !digits.is_empty() && rest[digits.len()..].starts_with(']') {
+            out.push((Field::Rank, digits));
+        }
+    }
+    let mut tokens = text.split_whitespace();
+    if let (Some(first), Some(second)) = (tokens.next(), tokens.next()) {
+        let parts: Vec<&str> = first.split(':').collect();
+        let numeric = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+        if let [host, pid, tid] = parts.as_slice() {
+            let gpu = second
+                .strip_prefix('[')
+                .and_then(|s| s.strip_suffix(']'))
+                .filter(|g| numeric(g));
+            if let Some(gpu) = gpu {
+                if numeric(pid) && numeric(tid) && is_hostname(host) {
+                    out.push((Field::Host, (*host).to_owned()));
+                    out.push((Field::Pid, (*pid).to_owned()));
+                    out.push((Field::Gpu, gpu.to_owned()));
+                }
+            }
+        }
+    }
+    let tokens: Vec<&str> = text.split_whitespace().take(6).collect();
+    let syslog_host = match tokens.as_slice() {
+        [month, _, time, host, kernel, ..]
+            if month.len() == 3 && time.contains(':') && kernel.starts_with("kernel") =>
+        {
+            Some(*host)
+        }
+        [stamp, host, kernel, ..]
+            if stamp.contains('T') && stamp.contains(':') && kernel.starts_with("kernel") =>
+        {
+            Some(*host)
+        }
+        _ => None,
+    };
+    if let Some(host) = syslog_host.filter(|h| is_hostname(h)) {
+        out.push((Field::Host, host.to_owned()));
+    }
+    out
+}
+
+fn is_hostname(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<LogLine> {
+        text.lines()
+            .enumerate()
+            .map(|(i, t)| LogLine {
+                id: i as u64,
+                text: t.to_owned(),
+                ..LogLine::default()
+            })
+            .collect()
+    }
+
+    fn check(text: &str, category: Category, culprit: &str) -> Diagnosis {
+        let rules = RuleSet::builtin().expect("shipped rules load");
+        let d = classify(&rules, &lines(text));
+        assert_eq!(d.category, Some(category), "{text}\n{d:#?}");
+        assert_eq!(d.culprit.text, culprit, "{text}\n{d:#?}");
+        d
+    }
+
+    #[test]
+    fn nothing_matched_is_unknown_with_zero_confidence() {
+        let rules = RuleSet::builtin().expect("shipped rules load");
+        let d = classify(&rules, &lines("epoch 1 loss 0.3\nepoch 2 loss 0.2"));
+        assert_eq!(d.category, None);
+        assert_eq!(d.confidence, 0.0);
+        assert!(d.explanation.contains("2 line(s)"), "{}", d.explanation);
+    }
+
+    #[test]
+    fn a_specific_xid_outranks_a_failing_init_and_names_the_pci_bus() {
+        let d = check(
+            "Mar 14 04:52:22 node-a kernel: NVRM: GPU 0000:45:00.0: RmInitAdapter failed! (0x24:0x72:1568)\n\
+             Mar 14 04:52:22 node-a kernel: NVRM: GPU 0000:45:00.0: RmInitAdapter failed! (0x24:0x72:1568)\n\
+             Mar 14 04:52:22 node-a kernel: NVRM: GPU 0000:45:00.0: RmInitAdapter failed! (0x24:0x72:1568)\n\
+             Mar 14 04:52:23 node-a kernel: NVRM: Xid (PCI:0000:41:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU",
+            Category::EccMemoryError,
+            "host node-a, GPU 0000:41:00.0",
+        );
+        assert_eq!(d.fault_locus, Some(crate::FaultLocus::Hardware));
+        assert_eq!(d.evidence[0].id, 3, "cause first: {:?}", d.evidence);
+        assert!(d.explanation.contains("line 3"), "{}", d.explanation);
+    }
+
+    #[test]
+    fn fallen_off_the_bus_is_a_hardware_xid_not_ecc() {
+        check(
+            "[2419087.1] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+            Category::GpuHardwareXid,
+            "GPU 0000:3b:00.0",
+        );
+    }
+
+    #[test]
+    fn cuda_oom_beats_the_traceback_that_follows_it() {
+        check(
+            "[rank3]: Traceback (most recent call last):\n\
+             [rank3]:   File \"train.py\", line 10, in <module>\n\
+             [rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.10 GiB of which 1.00 GiB is free.\n\
+             [rank3]: RuntimeError: something generic",
+            Category::GpuOom,
+            "rank 3, GPU 3",
+        );
+    }
+
+    #[test]
+    fn a_nan_loss_beats_the_generic_runtime_error() {
+        check(
+            " iteration      120/ 1000 | lm loss: nan | grad norm: nan |\n\
+             RuntimeError: training stopped",
+            Category::NanInfLoss,
+            "not named in the logs",
+        );
+    }
+
+    #[test]
+    fn watchdog_timeouts_after_an_ib_error_are_a_network_error() {
+        let mut text = String::from(
+            "node-7:1234:1300 [5] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer 10.0.0.9<4312> with status=12 opcode=0 len=0 vendor err 129 (Send) localGid ::ffff:10.0.0.7 remoteGids::ffff:10.0.0.9\n",
+        );
+        for r in 0..64 {
+            text.push_str(&format!(
+                "[rank{r}]:[E1109 14:37:52.603317482 ProcessGroupNCCL.cpp:629] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=96, NumelOut=96, Timeout(ms)=600000) ran for 600017 milliseconds before timing out.\n"
+            ));
+        }
+        let d = check(
+            &text,
+            Category::NetworkIbError,
+            "host node-7, GPU 5, pid 1234, peer 10.0.0.9",
+        );
+        assert_eq!(d.fault_locus, Some(crate::FaultLocus::Network));
+        assert!(
+            d.explanation.contains("nccl_timeout_hang"),
+            "{}",
+            d.explanation
+        );
+    }
+
+    #[test]
+    fn timeouts_alone_are_a_hang_without_a_culprit() {
+        let d = check(
+            "[rank1]:[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1801487 milliseconds before timing out.\n\
+             [rank2]:[E ProcessGroupNCCL.cpp:737] [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1801487 milliseconds before timing out.",
+            Category::NcclTimeoutHang,
+            "not named in the logs",
+        );
+        assert!(d.confidence > 0.0 && d.confidence < 1.0, "{}", d.confidence);
+    }
+
+    #[test]
+    fn a_launcher_summary_near_the_crash_fills_host_and_rank() {
+        check(
+            "Root Cause (first observed failure):\n[0]:\n  time      : 2025-01-22_08:17:46\n  host      : node-9\n  rank      : 12 (local_rank: 4)\n  exitcode  : -11 (pid: 2841)\n  error_file: <N/A>\n  traceback : Signal 11 (SIGSEGV) received by PID 2841",
+            Category::SegfaultNativeCrash,
+            "rank 12, local_rank 4, host node-9, pid 2841",
+        );
+    }
+
+    #[test]
+    fn origin_prefixes_are_read() {
+        let line = |t: &str| LogLine {
+            text: t.to_owned(),
+            ..LogLine::default()
+        };
+        assert_eq!(
+            origin(&line("gpu-node-04:18833:19540 [2] NCCL WARN x")),
+            vec![
+                (Field::Host, "gpu-node-04".to_owned()),
+                (Field::Pid, "18833".to_owned()),
+                (Field::Gpu, "2".to_owned())
+            ]
+        );
+        assert_eq!(
+            origin(&line("[rank17]: Traceback")),
+            vec![(Field::Rank, "17".to_owned())]
+        );
+        assert_eq!(
+            origin(&line(
+                "Mar 14 04:52:03 gpu-node-15 kernel: [ 292.35] NVRM: x"
+            )),
+            vec![(Field::Host, "gpu-node-15".to_owned())]
+        );
+        assert!(origin(&line("2025-02-11 09:03:52 DEBUG:filelock:x")).is_empty());
+    }
+
+    #[test]
+    fn pci_ids_normalize() {
+        assert_eq!(
+            normalize_pci("PCI:0000:41:00").as_deref(),
+            Some("0000:41:00.0")
+        );
+        assert_eq!(
+            normalize_pci("00000000:3B:00.0").as_deref(),
+            Some("0000:3b:00.0")
+        );
+        assert_eq!(normalize_pci("3b:00.1").as_deref(), Some("0000:3b:00.1"));
+        assert_eq!(normalize_pci("gpu-node-1"), None);
+    }
+}
