@@ -298,3 +298,102 @@ fn a_bad_config_names_the_field_and_exits_64_before_binding() {
         "a bad flag is a configuration error too"
     );
 }
+
+/// The controller's diagnosis pulls the log window around an incident from a real agent
+/// and names the failure and the rank from it; a node whose agent cannot be reached is
+/// read from the lines the controller already holds.
+#[test]
+fn the_controller_diagnoses_from_the_agents_log_window() {
+    use std::sync::Arc;
+    use warden_controller::diagnosis::{Diagnoser, DiagnosisConfig, HttpLogSource};
+    use warden_controller::engine::{DiagnosisRequest, HeldLine};
+    use warden_diagnosis::rules::RuleSet;
+    use warden_model::Timestamp;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (agent_port, controller_port) = (free_port(), free_port());
+    let _sink = Sink::start(controller_port);
+    let missing = dir.path().join("no/libnvidia-ml.so.1");
+    let cfg = config(dir.path(), &missing, agent_port, controller_port);
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("log dir");
+    let mut text = std::fs::read_to_string(&cfg).expect("config");
+    text.push_str(&format!(
+        "logs:\n  sources:\n    - paths: [\"{}/rank_*.log\"]\n      job: llama-70b\n  partial_flush_ms: 200\n  multiline:\n    flush_ms: 200\n",
+        logs.display()
+    ));
+    std::fs::write(&cfg, text).expect("config");
+    let _agent = AgentProc::start(&cfg, agent_port);
+    std::fs::write(
+        logs.join("rank_5.log"),
+        "[INFO] step 1200 done\n\
+Traceback (most recent call last):\n  File \"/workspace/train.py\", line 80, in main\n    loss.backward()\n\
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 5 has a total capacity of 79.11 GiB of which 1.02 GiB is free.\n",
+    )
+    .expect("log");
+    std::fs::write(
+        logs.join("rank_1.log"),
+        "[rank1]:[E1122 10:00:00.000 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1201, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 milliseconds before timing out.\n",
+    )
+    .expect("log");
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let rules = Arc::new(RuleSet::builtin().expect("shipped rules"));
+    let request = |held: Vec<HeldLine>| DiagnosisRequest {
+        incident: "inc-1".into(),
+        job: Some("llama-70b".into()),
+        onset: Timestamp::from_nanos(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_nanos() as i64,
+        ),
+        culprit_nodes: vec!["gpu-node-3".into()],
+        peer_nodes: vec![],
+        world_size: Some(8),
+        held,
+    };
+    let diagnoser = |url: String| {
+        let config = DiagnosisConfig {
+            agent_url: url.clone(),
+            ..DiagnosisConfig::default()
+        };
+        let source = Arc::new(HttpLogSource::new(&url, None, Duration::from_secs(2)));
+        Diagnoser::new(config, rules.clone(), source, None)
+    };
+
+    // Wait until the agent holds both files' lines, then diagnose from its window.
+    let live = diagnoser(format!("http://127.0.0.1:{agent_port}"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let d = loop {
+        let d = runtime.block_on(live.diagnose(&request(vec![]), None));
+        if d.lines_read >= 3 || std::time::Instant::now() > deadline {
+            break d;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(d.category.as_deref(), Some("gpu_oom"), "{d:#?}");
+    assert_eq!(d.nodes_read, vec!["gpu-node-3".to_owned()]);
+    assert!(d.ranks.contains(&5), "{d:#?}");
+    assert!(
+        d.evidence
+            .iter()
+            .any(|e| e.text.contains("CUDA out of memory") && e.rank == Some(5)),
+        "{d:#?}"
+    );
+
+    // An agent that cannot be reached: the held lines stand in for its node.
+    let dead = diagnoser(format!("http://127.0.0.1:{}", free_port()));
+    let held = vec![HeldLine {
+        rank: Some(2),
+        node: Some("gpu-node-3".into()),
+        text: "RuntimeError: CUDA error: an illegal memory access was encountered".into(),
+    }];
+    let d = runtime.block_on(dead.diagnose(&request(held), None));
+    assert!(d.nodes_read.is_empty());
+    assert_eq!(d.lines_read, 1);
+    assert_eq!(d.category.as_deref(), Some("cuda_runtime_error"), "{d:#?}");
+}

@@ -11,10 +11,12 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use warden_controller::api::{self, ApiState, DEFAULT_MAX_BATCH_BYTES};
+use warden_controller::diagnosis;
 use warden_controller::metrics::Metrics;
 use warden_controller::view::IncidentView;
-use warden_controller::{Change, Engine, EngineConfig, ManualClock, SharedEngine};
-use warden_model::IncidentState;
+use warden_controller::{Change, Clock, Engine, EngineConfig, ManualClock, SharedEngine};
+use warden_diagnosis::rules::RuleSet;
+use warden_model::{IncidentState, Timestamp};
 use warden_sim::{Progress, RunOptions, SIM_EPOCH, Scenario, Simulation};
 
 use crate::{DemoArgs, EXIT_CONFIG, show};
@@ -104,6 +106,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
 
     print_banner(&scenario, args.speed, api_addr);
 
+    let rules = RuleSet::builtin().context("loading the shipped log rules")?;
     let mut sim = Simulation::new(&scenario, RunOptions::default());
     let mut sink = engine.clone();
     let mut status = Status::new(std::io::stderr().is_terminal());
@@ -123,8 +126,9 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
             }
         }
         let target = started.elapsed().as_secs_f64() * args.speed;
-        let changes = sim.advance(&mut sink, target);
+        let mut changes = sim.advance(&mut sink, target);
         clock.set(SIM_EPOCH.plus_secs(sim.now()));
+        diagnose_opened(&engine, &rules, &mut changes, clock.now());
 
         let (shown, open) = {
             let e = engine.lock();
@@ -161,6 +165,35 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Diagnose each newly opened incident from the log lines the controller holds (the
+/// simulated cluster has no agents to pull windows from) and note the diagnosis as a
+/// change of its own.
+fn diagnose_opened(
+    engine: &SharedEngine,
+    rules: &RuleSet,
+    changes: &mut Vec<warden_controller::IncidentChange>,
+    now: Timestamp,
+) {
+    let opened: Vec<String> = changes
+        .iter()
+        .filter(|c| c.change == Change::Opened)
+        .map(|c| c.id.clone())
+        .collect();
+    let mut e = engine.lock();
+    for id in opened {
+        let Some(req) = e.diagnosis_request(&id) else {
+            continue;
+        };
+        if req.held.is_empty() {
+            continue;
+        }
+        let d = diagnosis::diagnose_held(rules, &req);
+        if let Some(c) = e.attach_diagnosis(&id, d, now) {
+            changes.push(c);
+        }
+    }
 }
 
 fn open_incidents(e: &Engine) -> usize {

@@ -83,15 +83,19 @@ pub fn verb(change: Change) -> &'static str {
         Change::Updated => "UPDATED",
         Change::Reclassified => "RECLASSIFIED",
         Change::Resolved => "RESOLVED",
+        Change::Diagnosed => "DIAGNOSED",
     }
 }
 
 /// A multi-line description of an incident change, ending in a newline.
 pub fn incident(change: Change, inc: &IncidentView) -> String {
+    if change == Change::Diagnosed {
+        return diagnosis(inc);
+    }
     let at = match change {
         Change::Opened => inc.detected_s,
         Change::Resolved => inc.resolved_s.unwrap_or(inc.detected_s),
-        Change::Updated | Change::Reclassified => {
+        Change::Updated | Change::Reclassified | Change::Diagnosed => {
             inc.timeline.last().map_or(inc.detected_s, |t| t.at_s)
         }
     };
@@ -122,6 +126,36 @@ pub fn incident(change: Change, inc: &IncidentView) -> String {
     let _ = writeln!(s, "           {}", inc.summary);
     for e in inc.evidence.iter().take(3) {
         let _ = writeln!(s, "             · [{:.1}s] {}", e.at_s, e.text);
+    }
+    s
+}
+
+/// The diagnosis of an incident in a few lines, ending in a newline.
+fn diagnosis(inc: &IncidentView) -> String {
+    let mut s = String::new();
+    let at = inc.timeline.last().map_or(inc.detected_s, |t| t.at_s);
+    let Some(d) = &inc.diagnosis else {
+        return s;
+    };
+    let what = match (&d.category, &d.fault_locus) {
+        (Some(c), Some(l)) => format!("{c} ({l})"),
+        (Some(c), None) => c.clone(),
+        _ => "no known failure in the logs".to_owned(),
+    };
+    let _ = writeln!(
+        s,
+        "[{at:>7.1}s] {} {} {} — {what}, confidence {:.0}% ({})",
+        verb(Change::Diagnosed),
+        inc.kind,
+        inc.id,
+        d.confidence * 100.0,
+        d.source
+    );
+    if !d.culprit.is_empty() {
+        let _ = writeln!(s, "           culprit in the logs: {}", d.culprit);
+    }
+    for e in d.evidence.iter().take(2) {
+        let _ = writeln!(s, "             · [line {}] {}", e.id, e.text);
     }
     s
 }

@@ -9,6 +9,7 @@ use serde::Deserialize;
 pub use warden_model::config::{ConfigError, ConfigErrors};
 
 use crate::api::DEFAULT_MAX_BATCH_BYTES;
+use crate::diagnosis::DiagnosisConfig;
 
 /// Default listen address of the controller.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9460";
@@ -23,7 +24,7 @@ pub const MAX_MAX_BATCH_BYTES: u64 = 1 << 30;
 
 /// The controller configuration file, as written. Every field is optional; what is left
 /// out keeps its default.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     /// Address the HTTP API, `/metrics` and the probes listen on (`host:port`).
@@ -32,6 +33,8 @@ pub struct ConfigFile {
     pub max_batch_bytes: Option<u64>,
     /// Interval between detector passes, milliseconds.
     pub tick_interval_ms: Option<u64>,
+    /// Diagnosis of new incidents from the agents' logs (see `docs/DIAGNOSIS.md`).
+    pub diagnosis: Option<DiagnosisConfig>,
 }
 
 /// The settings a flag can override (`None`: not given).
@@ -42,7 +45,7 @@ pub struct Overrides {
 }
 
 /// The effective controller configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ControllerConfig {
     /// Address the HTTP server listens on.
     pub listen: SocketAddr,
@@ -50,6 +53,8 @@ pub struct ControllerConfig {
     pub max_batch_bytes: usize,
     /// Interval between detector passes, milliseconds.
     pub tick_interval_ms: u64,
+    /// Diagnosis of new incidents.
+    pub diagnosis: DiagnosisConfig,
 }
 
 impl Default for ControllerConfig {
@@ -58,6 +63,7 @@ impl Default for ControllerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9460)),
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             tick_interval_ms: DEFAULT_TICK_INTERVAL_MS,
+            diagnosis: DiagnosisConfig::default(),
         }
     }
 }
@@ -115,6 +121,7 @@ impl ConfigFile {
                     out.listen = one.listen.or(out.listen);
                     out.max_batch_bytes = one.max_batch_bytes.or(out.max_batch_bytes);
                     out.tick_interval_ms = one.tick_interval_ms.or(out.tick_interval_ms);
+                    out.diagnosis = one.diagnosis.or(out.diagnosis);
                 }
                 Err(e) => errors.push(err(name, e.into_inner().to_string())),
             }
@@ -195,6 +202,17 @@ impl ControllerConfig {
         let mut batch = parsed.max_batch_bytes;
         let mut tick_origin = file_origin.clone();
         let mut tick = parsed.tick_interval_ms;
+
+        if let Some(d) = &parsed.diagnosis {
+            for (field, message) in d.problems() {
+                errors.push(ConfigError {
+                    origin: file_origin.clone(),
+                    field,
+                    message,
+                });
+            }
+            cfg.diagnosis = d.clone();
+        }
 
         // The environment.
         if let Some(v) = env("WARDEN_LISTEN") {
@@ -319,6 +337,40 @@ mod tests {
         };
         let cfg = ControllerConfig::load(Some(&path), lookup, &flags).expect("ok");
         assert_eq!(cfg.listen.port(), 7002);
+    }
+
+    #[test]
+    fn diagnosis_section_is_read_and_checked_as_a_whole() {
+        let path = write(
+            "diagnosis.yaml",
+            "diagnosis:\n  agent_url: http://{node}.agents:9461\n  peer_nodes: 3\n  llm:\n    base_url: http://127.0.0.1:8000/v1\n    model: qwen\n",
+        );
+        let cfg = ControllerConfig::load(Some(&path), no_env, &Overrides::default()).expect("ok");
+        assert_eq!(cfg.diagnosis.agent_url, "http://{node}.agents:9461");
+        assert_eq!(cfg.diagnosis.peer_nodes, 3);
+        assert_eq!(cfg.diagnosis.before_secs, 300.0, "defaults kept");
+        assert_eq!(
+            cfg.diagnosis.llm.as_ref().map(|l| l.model.as_str()),
+            Some("qwen")
+        );
+
+        let path = write(
+            "bad-diagnosis.yaml",
+            "diagnosis:\n  agent_url: ftp://x\n  before_secs: -1\n  max_in_flight: 0\n",
+        );
+        let errs = ControllerConfig::load(Some(&path), no_env, &Overrides::default())
+            .expect_err("must fail");
+        let msg = errs.to_string();
+        for field in [
+            "diagnosis.agent_url",
+            "diagnosis.before_secs",
+            "diagnosis.max_in_flight",
+        ] {
+            assert!(msg.contains(field), "{field} not named: {msg}");
+        }
+        let errs = ConfigFile::from_yaml("diagnosis:\n  agent_urls: x\n", "c.yaml")
+            .expect_err("unknown field");
+        assert!(errs.to_string().contains("agent_urls"), "{errs}");
     }
 
     #[test]

@@ -9,11 +9,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use warden_model::wire::{Batch, DecodeError};
-use warden_model::{Incident, IncidentKind, IncidentState, Timestamp};
+use warden_model::{
+    Incident, IncidentDiagnosis, IncidentKind, IncidentState, JobId, NodeName, Timestamp,
+};
 
 use crate::detect::{DetectConfig, Detectors};
 use crate::incidents::IncidentBook;
-use crate::state::Cluster;
+use crate::state::{Cluster, GpuTrouble, JobState, NO_NODE};
 use crate::view::{IncidentView, JobView, RankView};
 
 /// How an ingest body is encoded.
@@ -70,6 +72,8 @@ pub enum Change {
     Reclassified,
     /// The condition cleared.
     Resolved,
+    /// A log diagnosis was attached.
+    Diagnosed,
 }
 
 /// A change to one incident.
@@ -173,6 +177,88 @@ impl Engine {
         changes
     }
 
+    /// Attach a log diagnosis to an incident (see [`IncidentBook::attach_diagnosis`]).
+    pub fn attach_diagnosis(
+        &mut self,
+        id: &str,
+        d: IncidentDiagnosis,
+        now: Timestamp,
+    ) -> Option<IncidentChange> {
+        self.book.attach_diagnosis(id, d, now)
+    }
+
+    /// What diagnosing incident `id` needs: its job, onset and culprit nodes, the other
+    /// nodes of its job (for contrast), and the error lines the agents already shipped,
+    /// by rank. `None` for an unknown incident.
+    pub fn diagnosis_request(&self, id: &str) -> Option<DiagnosisRequest> {
+        let inc = self.book.get(id)?;
+        let mut req = DiagnosisRequest {
+            incident: inc.id.clone(),
+            job: inc.job.clone(),
+            onset: inc.onset,
+            culprit_nodes: inc.nodes.clone(),
+            peer_nodes: Vec::new(),
+            world_size: None,
+            held: Vec::new(),
+        };
+        for g in &inc.gpus {
+            if !req.culprit_nodes.contains(&g.node) {
+                req.culprit_nodes.push(g.node.clone());
+            }
+        }
+        let job = inc.job.as_deref().and_then(|j| self.cluster.jobs.get(j));
+        if let Some(job) = job {
+            self.add_job_lines(inc, job, &mut req);
+        }
+        // The kernel-log lines of hardware trouble on the culprit nodes.
+        let mut trouble: Vec<&GpuTrouble> = self
+            .cluster
+            .gpu_trouble
+            .values()
+            .filter(|t| {
+                req.culprit_nodes
+                    .iter()
+                    .any(|n| n == self.cluster.node_name(t.node))
+            })
+            .collect();
+        trouble.sort_by_key(|t| (t.first_at, t.node, t.gpu));
+        for t in trouble {
+            req.held.push(HeldLine {
+                rank: None,
+                node: Some(self.cluster.node_name(t.node).to_owned()),
+                text: t.message.clone(),
+            });
+        }
+        Some(req)
+    }
+
+    fn add_job_lines(&self, inc: &Incident, job: &JobState, req: &mut DiagnosisRequest) {
+        req.world_size = (job.world_size > 0).then_some(job.world_size);
+        for (rank, r) in job.ranks.iter().enumerate() {
+            if !r.known {
+                continue;
+            }
+            let node = (r.node != NO_NODE).then(|| self.cluster.node_name(r.node).to_owned());
+            if let Some(n) = &node {
+                if inc.ranks.contains(&(rank as u32)) && !req.culprit_nodes.contains(n) {
+                    req.culprit_nodes.push(n.clone());
+                }
+                if !req.peer_nodes.contains(n) {
+                    req.peer_nodes.push(n.clone());
+                }
+            }
+            for line in &r.last_errors {
+                req.held.push(HeldLine {
+                    rank: Some(rank as u32),
+                    node: node.clone(),
+                    text: line.clone(),
+                });
+            }
+        }
+        req.peer_nodes.retain(|n| !req.culprit_nodes.contains(n));
+        req.peer_nodes.sort();
+    }
+
     /// Every incident, oldest first.
     pub fn incidents(&self) -> &[Incident] {
         self.book.all()
@@ -228,6 +314,38 @@ impl Engine {
     pub fn agents(&self, now: Timestamp) -> Vec<(String, f64)> {
         self.cluster.agents(now)
     }
+}
+
+/// What diagnosing one incident needs from the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiagnosisRequest {
+    /// The incident.
+    pub incident: String,
+    /// Its job.
+    pub job: Option<JobId>,
+    /// When it started (controller clock): log windows are pulled around it.
+    pub onset: Timestamp,
+    /// Nodes of its culprit ranks and GPUs: their logs are read first.
+    pub culprit_nodes: Vec<NodeName>,
+    /// The job's other nodes, sorted: a few are read for contrast.
+    pub peer_nodes: Vec<NodeName>,
+    /// The job's world size, when registered.
+    pub world_size: Option<u32>,
+    /// Error lines the agents already shipped, by rank (used for nodes whose agent
+    /// cannot be reached).
+    pub held: Vec<HeldLine>,
+}
+
+/// An error line the controller holds from a shipped batch, or the kernel-log line of
+/// a hardware event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldLine {
+    /// Rank that printed it (`None` for a kernel-log line).
+    pub rank: Option<u32>,
+    /// Its node, when known.
+    pub node: Option<NodeName>,
+    /// The line.
+    pub text: String,
 }
 
 /// An engine shared between the ingest path, the detector timer and API readers.

@@ -8,7 +8,8 @@
 
 use rustc_hash::FxHashMap;
 use warden_model::{
-    Evidence, Finding, Incident, IncidentKind, IncidentState, Severity, TimelineEntry, Timestamp,
+    Evidence, Finding, Incident, IncidentDiagnosis, IncidentKind, IncidentState, Severity,
+    TimelineEntry, Timestamp,
 };
 
 use crate::detect::Verdicts;
@@ -108,6 +109,47 @@ impl IncidentBook {
     /// One incident by id.
     pub fn get(&self, id: &str) -> Option<&Incident> {
         self.index.get(id).map(|&i| &self.incidents[i])
+    }
+
+    /// Attach a log diagnosis to incident `id` at `now`: an open incident becomes
+    /// diagnosed, a later diagnosis replaces an earlier one, and the timeline says so.
+    /// A diagnosis never changes the culprit the detectors named, nor any action.
+    /// `None` for an unknown incident.
+    pub fn attach_diagnosis(
+        &mut self,
+        id: &str,
+        d: IncidentDiagnosis,
+        now: Timestamp,
+    ) -> Option<IncidentChange> {
+        let &i = self.index.get(id)?;
+        let inc = &mut self.incidents[i];
+        if inc.state.can_become(IncidentState::Diagnosed) {
+            inc.state = IncidentState::Diagnosed;
+        }
+        let what = match &d.category {
+            Some(c) => format!(
+                "diagnosed ({}): {c}, {} at fault{}; confidence {:.2}",
+                d.source,
+                d.fault_locus.as_deref().unwrap_or("unknown"),
+                if d.culprit.is_empty() {
+                    String::new()
+                } else {
+                    format!(", culprit {}", d.culprit)
+                },
+                d.confidence
+            ),
+            None => format!(
+                "diagnosed ({}): the logs read ({} lines) name no known failure",
+                d.source, d.lines_read
+            ),
+        };
+        inc.diagnosis = Some(d);
+        inc.updated_at = now;
+        push_timeline(inc, now, what);
+        Some(IncidentChange {
+            id: id.to_owned(),
+            change: Change::Diagnosed,
+        })
     }
 
     /// Fold one pass of findings in at `now`; returns what changed.
@@ -280,6 +322,7 @@ impl IncidentBook {
             evidence: f.evidence.clone(),
             finding_count: 1,
             timeline: Vec::new(),
+            diagnosis: None,
         };
         let opened = format!("opened: {}", inc.summary);
         push_timeline(&mut inc, now, opened);
@@ -468,6 +511,38 @@ mod tests {
 
     fn fold(book: &mut IncidentBook, now: f64, fs: Vec<Finding>) -> Vec<IncidentChange> {
         book.fold(Verdicts { findings: fs }, t(now))
+    }
+
+    #[test]
+    fn a_diagnosis_moves_an_open_incident_to_diagnosed_and_leaves_the_culprit() {
+        let mut b = IncidentBook::default();
+        let f = finding(IncidentKind::GpuFault, &[75], "node-09", Some(3), 0.0, 0.99);
+        let id = fold(&mut b, 1.0, vec![f])[0].id.clone();
+        let d = IncidentDiagnosis {
+            category: Some("gpu_hardware_xid".into()),
+            fault_locus: Some("hardware".into()),
+            nodes: vec!["node-07".into()],
+            culprit: "host node-07".into(),
+            confidence: 0.9,
+            source: "rules".into(),
+            ..IncidentDiagnosis::default()
+        };
+        let change = b.attach_diagnosis(&id, d, t(2.0)).expect("known incident");
+        assert_eq!(change.change, Change::Diagnosed);
+        let inc = b.get(&id).expect("incident");
+        assert_eq!(inc.state, IncidentState::Diagnosed);
+        assert_eq!(inc.nodes, vec!["node-09".to_owned()], "culprit untouched");
+        assert!(
+            inc.timeline
+                .last()
+                .is_some_and(|e| e.what.contains("gpu_hardware_xid")),
+            "{:?}",
+            inc.timeline
+        );
+        assert!(
+            b.attach_diagnosis("inc-none", IncidentDiagnosis::default(), t(3.0))
+                .is_none()
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod api;
 pub mod clock;
 pub mod config;
 pub mod detect;
+pub mod diagnosis;
 pub mod engine;
 pub mod incidents;
 pub mod metrics;

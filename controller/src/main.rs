@@ -11,8 +11,11 @@ use clap::{Parser, ValueEnum};
 use tokio::net::TcpListener;
 use warden_controller::api::{self, ApiState};
 use warden_controller::config::{ControllerConfig, Overrides};
+use warden_controller::diagnosis::{self, Diagnoser, DiagnosisQueue, HttpLogSource};
 use warden_controller::metrics::Metrics;
 use warden_controller::{Clock, Engine, EngineConfig, IncidentChange, SharedEngine, SystemClock};
+use warden_diagnosis::llm::LlmDiagnoser;
+use warden_diagnosis::rules::RuleSet;
 use warden_model::Timestamp;
 
 /// Exit code for configuration errors (EX_USAGE in sysexits.h).
@@ -94,6 +97,7 @@ async fn run(config: ControllerConfig) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
     let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
+    let queue = start_diagnosis(&config, &engine, &clock, &metrics)?;
     let state = ApiState {
         engine: engine.clone(),
         clock: clock.clone(),
@@ -112,7 +116,7 @@ async fn run(config: ControllerConfig) -> anyhow::Result<()> {
         "controller listening"
     );
 
-    let ticker = tokio::spawn(tick_loop(engine, clock, config.tick_interval_ms));
+    let ticker = tokio::spawn(tick_loop(engine, clock, config.tick_interval_ms, queue));
     let served = axum::serve(listener, api::router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
@@ -122,8 +126,59 @@ async fn run(config: ControllerConfig) -> anyhow::Result<()> {
     served
 }
 
-/// Run the detectors every `interval_ms` and log what changed.
-async fn tick_loop(engine: SharedEngine, clock: Arc<dyn Clock>, interval_ms: u64) {
+/// Start diagnosing new incidents, unless the configuration turns it off.
+fn start_diagnosis(
+    config: &ControllerConfig,
+    engine: &SharedEngine,
+    clock: &Arc<dyn Clock>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Option<DiagnosisQueue>> {
+    let d = &config.diagnosis;
+    if !d.enabled {
+        tracing::info!("incident diagnosis is off");
+        return Ok(None);
+    }
+    let rules = Arc::new(RuleSet::builtin().context("loading the shipped log rules")?);
+    let token = match &d.agent_token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the agent token file {}", path.display()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let source = Arc::new(HttpLogSource::new(
+        &d.agent_url,
+        token,
+        Duration::from_millis(d.fetch_timeout_ms),
+    ));
+    let llm = match &d.llm {
+        Some(cfg) => Some(LlmDiagnoser::new(cfg.clone()).context("setting up the LLM client")?),
+        None => None,
+    };
+    tracing::info!(
+        agent_url = %d.agent_url,
+        llm = d.llm.as_ref().map_or("none", |l| l.model.as_str()),
+        "incident diagnosis on"
+    );
+    let diagnoser = Arc::new(Diagnoser::new(d.clone(), rules, source, llm));
+    Ok(Some(diagnosis::start(
+        diagnoser,
+        engine.clone(),
+        clock.clone(),
+        Some(metrics.clone()),
+    )))
+}
+
+/// Run the detectors every `interval_ms`, log what changed and queue new incidents for
+/// diagnosis.
+async fn tick_loop(
+    engine: SharedEngine,
+    clock: Arc<dyn Clock>,
+    interval_ms: u64,
+    queue: Option<DiagnosisQueue>,
+) {
     let mut interval = tokio::time::interval(Duration::from_millis(interval_ms));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -134,9 +189,15 @@ async fn tick_loop(engine: SharedEngine, clock: Arc<dyn Clock>, interval_ms: u64
             let mut e = engine.lock();
             let changes = e.tick(now);
             log_changes(&e, &changes);
+            changes
         });
-        if let Err(e) = pass.await {
-            tracing::error!(error = %e, "detector pass failed");
+        match pass.await {
+            Ok(changes) => {
+                if let Some(q) = &queue {
+                    q.submit_opened(&changes);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "detector pass failed"),
         }
     }
 }

@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use rustc_hash::FxHashMap;
 use warden_model::{IncidentKind, IncidentState, Timestamp};
@@ -69,7 +69,22 @@ pub struct Metrics {
     incidents_total: IntCounterVec,
     detection_latency: HistogramVec,
     agents: IntGauge,
+    /// Diagnoses attached to incidents, by source (`rules`, `llm`) and whether the logs
+    /// gave a category (`category`, `none`).
+    pub diagnoses: IntCounterVec,
+    /// Seconds from a diagnosis request to its answer (log pulls, rules, LLM).
+    pub diagnosis_seconds: Histogram,
+    /// Log-window pulls from agents, by result (`ok`, `error`).
+    pub diagnosis_fetches: IntCounterVec,
+    /// Diagnosis requests dropped because the queue was full.
+    pub diagnosis_dropped: IntCounter,
+    /// LLM refinements by outcome (`refined`, `cached`, or the fallback reason).
+    pub llm_outcomes: IntCounterVec,
 }
+
+/// Buckets of `warden_diagnosis_duration_seconds`.
+pub const DIAGNOSIS_BUCKETS: &[f64] =
+    &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 
 fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter, MetricsError> {
     let c = IntCounter::new(name, help)?;
@@ -196,6 +211,45 @@ impl Metrics {
                 r.register(Box::new(g.clone()))?;
                 g
             },
+            diagnoses: {
+                let c = IntCounterVec::new(
+                    Opts::new(
+                        "warden_diagnoses_total",
+                        "Log diagnoses attached to incidents, by source and whether the logs gave a category.",
+                    ),
+                    &["source", "result"],
+                )?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
+            diagnosis_seconds: {
+                let h = Histogram::with_opts(
+                    HistogramOpts::new(
+                        "warden_diagnosis_duration_seconds",
+                        "Seconds from a diagnosis request to its answer (log pulls, rules, LLM).",
+                    )
+                    .buckets(DIAGNOSIS_BUCKETS.to_vec()),
+                )?;
+                r.register(Box::new(h.clone()))?;
+                h
+            },
+            diagnosis_fetches: counter_vec(
+                &r,
+                "warden_diagnosis_log_fetches_total",
+                "Log-window pulls from agents for diagnosis, by result.",
+                "result",
+            )?,
+            diagnosis_dropped: counter(
+                &r,
+                "warden_diagnosis_dropped_total",
+                "Diagnosis requests dropped because the queue was full.",
+            )?,
+            llm_outcomes: counter_vec(
+                &r,
+                "warden_llm_requests_total",
+                "LLM refinements of a diagnosis, by outcome.",
+                "outcome",
+            )?,
             registry: r,
             seen: Mutex::new(Seen::default()),
         };

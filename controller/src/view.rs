@@ -3,7 +3,9 @@
 //! start in simulation, the Unix epoch in production).
 
 use serde::{Deserialize, Serialize};
-use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity, Timestamp};
+use warden_model::{
+    GpuRef, Incident, IncidentDiagnosis, IncidentKind, IncidentState, Severity, Timestamp,
+};
 
 /// An incident as the API and reports show it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,6 +43,9 @@ pub struct IncidentView {
     pub evidence: Vec<EvidenceView>,
     /// History.
     pub timeline: Vec<TimelineView>,
+    /// What the logs say, once diagnosed (a recommendation only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub diagnosis: Option<IncidentDiagnosis>,
 }
 
 /// One piece of evidence.
@@ -100,6 +105,7 @@ impl IncidentView {
                     what: e.what.clone(),
                 })
                 .collect(),
+            diagnosis: inc.diagnosis.clone(),
         }
     }
 }

@@ -240,6 +240,61 @@ pub struct Incident {
     pub finding_count: u32,
     /// History, oldest first.
     pub timeline: Vec<TimelineEntry>,
+    /// What the logs say about it, once diagnosed (a recommendation: actions come from
+    /// policy, never from a diagnosis).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<IncidentDiagnosis>,
+}
+
+/// The log diagnosis attached to an incident: category and fault locus (the labels of
+/// the diagnosis crate, kept as strings here so the model depends on nothing), culprit,
+/// confidence, the evidence lines and an explanation citing them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct IncidentDiagnosis {
+    /// Failure category, e.g. `gpu_hardware_xid`; `None` when the logs do not say.
+    pub category: Option<String>,
+    /// Who has to fix it: hardware, network, software-framework, user-code,
+    /// infrastructure.
+    pub fault_locus: Option<String>,
+    /// Culprit ranks the logs name.
+    pub ranks: Vec<Rank>,
+    /// Culprit nodes (or addresses) the logs name.
+    pub nodes: Vec<NodeName>,
+    /// Culprit GPUs as the logs name them (index, PCI bus id or UUID).
+    pub gpus: Vec<String>,
+    /// The culprit in words.
+    pub culprit: String,
+    /// 0..=1.
+    pub confidence: f64,
+    /// Rules whose matches support it.
+    pub rule_ids: Vec<String>,
+    /// The lines that show it, most telling first.
+    pub evidence: Vec<DiagnosisEvidence>,
+    /// The answer in words, citing evidence line ids.
+    pub explanation: String,
+    /// `rules`, or `llm:<model>` when a language model refined it.
+    pub source: String,
+    /// Lines read to reach it, and from how many nodes.
+    pub lines_read: u64,
+    /// Nodes whose logs were read.
+    pub nodes_read: Vec<NodeName>,
+}
+
+/// One line cited by a diagnosis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiagnosisEvidence {
+    /// The line's id in the diagnosed input (cited by the explanation).
+    pub id: u64,
+    /// Node it came from, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeName>,
+    /// Rank that printed it, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<Rank>,
+    /// The line.
+    pub text: String,
+    /// Why it was chosen.
+    pub reason: String,
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod wire;
 
 pub use ids::{CommId, GpuRef, JobId, NodeName, Rank};
 pub use incident::{
-    Evidence, Finding, Incident, IncidentKind, IncidentState, Severity, TimelineEntry,
+    DiagnosisEvidence, Evidence, Finding, Incident, IncidentDiagnosis, IncidentKind, IncidentState,
+    Severity, TimelineEntry,
 };
 pub use time::Timestamp;

@@ -466,6 +466,7 @@ mod tests {
             summary: "s".into(),
             evidence: vec![],
             timeline: vec![],
+            diagnosis: None,
         }
     }
 
