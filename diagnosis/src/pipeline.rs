@@ -9,8 +9,9 @@
 //! - **Evidence**, at most [`PipelineOptions::max_evidence`] lines: the rule-hit lines
 //!   first (the winner's causes, then its symptoms, then the context lines that named
 //!   the culprit, then the best line of other categories), then the watchdog analysis's
-//!   lines, then the best mined templates ([`select_evidence`]: rare templates near the
-//!   onset, lines seen only on the suspect node) that no cited line already stands for.
+//!   lines, then the best mined templates ([`select_evidence`]: rare templates first
+//!   seen near the onset, higher when seen only on the suspect node) that no cited line
+//!   already stands for.
 //! - **Nothing matched**: the category stays unknown with confidence 0, and the rare
 //!   templates alone are the evidence, for a person or a model to read.
 //!
@@ -239,7 +240,7 @@ impl<'r> Pipeline<'r> {
         };
         let matched = d.category.is_some();
         let room = self.opts.max_evidence.saturating_sub(d.evidence.len());
-        let picked = pick_templates(&templates, &query, &d.evidence, room);
+        let picked = pick_templates(&templates, &query, &d.evidence, matched, room);
         let picked_ids: Vec<u64> = picked.iter().map(|e| e.id).collect();
         d.evidence.extend(picked);
         d.evidence.truncate(self.opts.max_evidence);
@@ -388,11 +389,13 @@ fn cite_lagging(
     cited
 }
 
-/// The best rare-template lines not already cited, at most `room`.
+/// The best rare-template lines not already cited, at most `room`; with `near_only`,
+/// only templates first seen near the onset.
 fn pick_templates(
     templates: &[Template],
     query: &EvidenceQuery,
     cited: &[EvidenceLine],
+    near_only: bool,
     room: usize,
 ) -> Vec<EvidenceLine> {
     if room == 0 {
@@ -414,7 +417,9 @@ fn pick_templates(
         .collect();
     select_evidence(templates, query)
         .into_iter()
-        .filter(|e| e.reason.starts_with("rare-template"))
+        .filter(|e| {
+            e.reason.starts_with("rare-template") && (!near_only || e.reason.contains("+onset"))
+        })
         .filter(|e| !cited.iter().any(|c| c.id == e.id))
         .filter(|e| {
             by_id
