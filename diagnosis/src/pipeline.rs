@@ -197,6 +197,10 @@ impl<'r> Pipeline<'r> {
             if fills {
                 d.culprit.ranks = lag.ranks.iter().copied().take(MAX_CULPRIT_RANKS).collect();
                 d.culprit.text = with_ranks(&d.culprit.ranks, &d.culprit.text);
+                d.explanation = d.explanation.replace(
+                    ". The lines name no culprit",
+                    ". The rule lines name no culprit",
+                );
                 notes.push(format!(
                     "Watchdog analysis: {}{lines_said}; the culprit's rank comes from it.",
                     lag.explanation
@@ -687,6 +691,7 @@ mod tests {
                     "Watchdog analysis",
                     "rank(s) 6 never reported",
                     "the culprit's rank comes from it",
+                    "The rule lines name no culprit",
                 ],
                 first_reason: "rule",
                 evidence_within: None,
