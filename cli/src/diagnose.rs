@@ -1,6 +1,8 @@
-//! `warden diagnose`: classify a failure from log files (or stdin) with the log rules and
-//! print the category, locus, culprit, evidence and explanation; `--eval` scores the
-//! rules on a labelled corpus instead.
+//! `warden diagnose`: diagnose a failure from log files (or stdin) with the deterministic
+//! pipeline (log rules, template mining, watchdog analysis), optionally refined by a
+//! model behind an OpenAI-compatible API, and print the category, locus, culprit,
+//! evidence and explanation; `--eval` scores the rules (and the model) on a labelled
+//! corpus instead.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -8,11 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use warden_diagnosis::Diagnosis;
-use warden_diagnosis::classify::Classifier;
-use warden_diagnosis::eval::{Evaluation, evaluate, parse_corpus};
+use warden_diagnosis::eval::{Case, Evaluation, evaluate_with, parse_corpus};
 use warden_diagnosis::input::{InputError, InputStats, LineReader, for_each_line};
+use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser, Outcome};
+use warden_diagnosis::llm_eval::{EvalCase, EvalReport, evaluate_corpus};
 use warden_diagnosis::rules::RuleSet;
+use warden_diagnosis::{Diagnosis, EvidenceLine, Pipeline, PipelineOptions, diagnose_lines};
 
 use crate::{DiagnoseArgs, EXIT_CONFIG};
 
@@ -63,19 +66,101 @@ fn run(args: &DiagnoseArgs) -> Result<ExitCode, Refusal> {
         None => RuleSet::builtin(),
     }
     .map_err(|e| Refusal::new(EXIT_CONFIG, e.to_string()))?;
+    // A bad model configuration is refused before any input is read.
+    let llm = llm_client(args)?;
 
     if let Some(corpus) = &args.eval {
-        let evaluation = run_eval(&rules, corpus)?;
-        print_eval(&evaluation, args.json).or_else(quiet_broken_pipe)?;
+        let cases = read_corpus(corpus)?;
+        match &llm {
+            None => {
+                let evaluation = run_eval(&rules, &cases)?;
+                print_eval(&evaluation, args.json).or_else(quiet_broken_pipe)?;
+            }
+            Some(llm) => {
+                let report = run_llm_eval(&rules, &cases, llm)?;
+                print_llm_eval(&report, &llm.config().model, args.json)
+                    .or_else(quiet_broken_pipe)?;
+            }
+        }
         return Ok(ExitCode::SUCCESS);
     }
 
-    let outcome = classify_inputs(&rules, &args.files)?;
+    let outcome = diagnose_inputs(&rules, &args.files)?;
     warn_about_input(&outcome.stats);
-    // The rules' answer is final here; a refinement step would take `outcome` (the
-    // answer and its evidence) and return the diagnosis to print.
-    print_diagnosis(&outcome.diagnosis, &outcome.stats, args.json).or_else(quiet_broken_pipe)?;
+    let rules_answer = outcome.diagnosis;
+    let answer = match &llm {
+        None => rules_answer.clone(),
+        Some(llm) => {
+            let (answer, how) =
+                runtime()?.block_on(llm.refine(&rules_answer, &rules_answer.evidence));
+            report_outcome(&how);
+            answer
+        }
+    };
+    print_diagnosis(&answer, &rules_answer, &outcome.stats, args.json)
+        .or_else(quiet_broken_pipe)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The model client the flags ask for, if any; flags that do not fit together, a bad
+/// URL or an unreadable key are refused with exit 64.
+fn llm_client(args: &DiagnoseArgs) -> Result<Option<LlmDiagnoser>, Refusal> {
+    let usage = |m: &str| Refusal::new(EXIT_CONFIG, m.to_owned());
+    let (url, model) = match (&args.llm_url, &args.llm_model) {
+        (Some(url), Some(model)) => (url, model),
+        (Some(_), None) => {
+            return Err(usage(
+                "--llm-url needs --llm-model (or WARDEN_LLM_MODEL): which model to ask",
+            ));
+        }
+        (None, model) => {
+            let given = model.is_some()
+                || args.llm_key_file.is_some()
+                || args.llm_key_env.is_some()
+                || args.llm_timeout_secs.is_some();
+            if given {
+                return Err(usage(
+                    "--llm-model, --llm-key-file, --llm-key-env and --llm-timeout-secs need \
+                     --llm-url (or WARDEN_LLM_URL)",
+                ));
+            }
+            return Ok(None);
+        }
+    };
+    let mut config = LlmConfig::new(url.trim(), model.trim());
+    config.api_key_file.clone_from(&args.llm_key_file);
+    config.api_key_env.clone_from(&args.llm_key_env);
+    if let Some(secs) = args.llm_timeout_secs {
+        config.timeout_ms = secs.saturating_mul(1_000);
+    }
+    LlmDiagnoser::new(config)
+        .map(Some)
+        .map_err(|e| Refusal::new(EXIT_CONFIG, format!("LLM configuration: {e}")))
+}
+
+/// A single-threaded runtime for the requests to the model.
+fn runtime() -> Result<tokio::runtime::Runtime, Refusal> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Refusal::new(1, format!("cannot start the async runtime: {e}")))
+}
+
+/// Says on stderr when the model's answer was not used, and why.
+fn report_outcome(outcome: &Outcome) {
+    match outcome {
+        Outcome::Fallback(e) => eprintln!(
+            "warden diagnose: LLM not used ({}): {e}; printing the rules' answer",
+            outcome.label()
+        ),
+        Outcome::Refined {
+            dropped_culprits, ..
+        } if !dropped_culprits.is_empty() => eprintln!(
+            "warden diagnose: the model named culprits the evidence does not show, dropped: {}",
+            dropped_culprits.join(", ")
+        ),
+        Outcome::Refined { .. } => {}
+    }
 }
 
 /// A reader that stopped reading (`| head`) is not an error.
@@ -98,8 +183,8 @@ fn quiet_broken_pipe(e: anyhow::Error) -> Result<(), Refusal> {
     }
 }
 
-fn classify_inputs(rules: &RuleSet, files: &[PathBuf]) -> Result<RulesOutcome, Refusal> {
-    let mut classifier = Classifier::new(rules);
+fn diagnose_inputs(rules: &RuleSet, files: &[PathBuf]) -> Result<RulesOutcome, Refusal> {
+    let mut pipeline = Pipeline::new(rules, PipelineOptions::default());
     let mut stats = InputStats::default();
     let stdin_only = files.is_empty();
     let sources: Vec<Option<&Path>> = if stdin_only {
@@ -129,8 +214,8 @@ fn classify_inputs(rules: &RuleSet, files: &[PathBuf]) -> Result<RulesOutcome, R
                 Box::new(BufReader::with_capacity(READ_BUFFER_BYTES, file))
             }
         };
-        let mut lines = LineReader::starting_at(reader, classifier.lines());
-        for_each_line(&mut lines, |line| classifier.push(line)).map_err(|e| match e {
+        let mut lines = LineReader::starting_at(reader, pipeline.lines());
+        for_each_line(&mut lines, |line| pipeline.push(line)).map_err(|e| match e {
             InputError::Binary { .. } => Refusal::new(EXIT_DATA, format!("{name}: {e}")),
             InputError::Io(_) => Refusal::new(EXIT_NO_INPUT, format!("{name}: {e}")),
         })?;
@@ -151,7 +236,7 @@ fn classify_inputs(rules: &RuleSet, files: &[PathBuf]) -> Result<RulesOutcome, R
         ));
     }
     Ok(RulesOutcome {
-        diagnosis: classifier.diagnosis(),
+        diagnosis: pipeline.finish(),
         stats,
     })
 }
@@ -178,7 +263,13 @@ fn warn_about_input(stats: &InputStats) {
     }
 }
 
-fn print_diagnosis(d: &Diagnosis, stats: &InputStats, json: bool) -> anyhow::Result<()> {
+/// Prints the answer; `rules` is the rules' own answer, shown beside a model's.
+fn print_diagnosis(
+    d: &Diagnosis,
+    rules: &Diagnosis,
+    stats: &InputStats,
+    json: bool,
+) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, d).context("encoding the diagnosis")?;
@@ -194,6 +285,17 @@ fn print_diagnosis(d: &Diagnosis, stats: &InputStats, json: bool) -> anyhow::Res
     )?;
     writeln!(out, "Culprit:     {}", d.culprit.text)?;
     writeln!(out, "Confidence:  {:.2}", d.confidence)?;
+    writeln!(out, "Source:      {}", d.source)?;
+    if d.source != rules.source {
+        writeln!(
+            out,
+            "Rules said:  {} ({}), culprit {}, confidence {:.2}",
+            rules.category.map_or("unknown", |c| c.as_str()),
+            rules.fault_locus.map_or("unknown", |l| l.as_str()),
+            rules.culprit.text,
+            rules.confidence
+        )?;
+    }
     if let Some(action) = &d.recommended_action {
         writeln!(out, "Recommended: {action}")?;
     }
@@ -214,14 +316,162 @@ fn print_diagnosis(d: &Diagnosis, stats: &InputStats, json: bool) -> anyhow::Res
     Ok(())
 }
 
-fn run_eval(rules: &RuleSet, corpus: &Path) -> Result<Evaluation, Refusal> {
+fn read_corpus(corpus: &Path) -> Result<Vec<Case>, Refusal> {
     let name = corpus.display();
     let bytes = std::fs::read(corpus)
         .map_err(|e| Refusal::new(EXIT_NO_INPUT, format!("cannot read {name}: {e}")))?;
     let text = String::from_utf8(bytes)
         .map_err(|e| Refusal::new(EXIT_DATA, format!("{name} is not UTF-8: {e}")))?;
-    let cases = parse_corpus(&text).map_err(|e| Refusal::new(EXIT_DATA, format!("{name}: {e}")))?;
-    evaluate(rules, &cases).map_err(|e| Refusal::new(1, e.to_string()))
+    parse_corpus(&text).map_err(|e| Refusal::new(EXIT_DATA, format!("{name}: {e}")))
+}
+
+/// Scores the deterministic pipeline (what `warden diagnose` prints) on the corpus.
+fn run_eval(rules: &RuleSet, cases: &[Case]) -> Result<Evaluation, Refusal> {
+    let opts = PipelineOptions::default();
+    evaluate_with(cases, |lines| diagnose_lines(rules, lines, &opts))
+        .map_err(|e| Refusal::new(1, e.to_string()))
+}
+
+/// The pipeline's answer and evidence for one excerpt.
+fn pipeline_answer(rules: &RuleSet, excerpt: &str) -> (Diagnosis, Vec<EvidenceLine>) {
+    let mut pipeline = Pipeline::new(rules, PipelineOptions::default());
+    let mut reader = LineReader::new(excerpt.as_bytes());
+    // An excerpt is text already; one that reads as binary is answered from the lines
+    // read before the refusal.
+    let _ = for_each_line(&mut reader, |line| pipeline.push(line));
+    let answer = pipeline.finish();
+    let evidence = answer.evidence.clone();
+    (answer, evidence)
+}
+
+/// Asks the model about every case (the rules answer first) and scores both.
+fn run_llm_eval(
+    rules: &RuleSet,
+    cases: &[Case],
+    llm: &LlmDiagnoser,
+) -> Result<EvalReport, Refusal> {
+    let cases: Vec<EvalCase> = cases
+        .iter()
+        .map(|c| EvalCase {
+            id: c.id.clone(),
+            category: Some(c.category),
+            fault_locus: Some(c.fault_locus),
+            excerpt: c.excerpt.clone(),
+        })
+        .collect();
+    Ok(runtime()?.block_on(evaluate_corpus(llm, &cases, |excerpt| {
+        pipeline_answer(rules, excerpt)
+    })))
+}
+
+fn accuracy(correct: usize, total: usize) -> String {
+    let ratio = if total == 0 {
+        0.0
+    } else {
+        correct as f64 / total as f64
+    };
+    format!("{ratio:.3} ({correct}/{total})")
+}
+
+fn label<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+fn print_llm_eval(report: &EvalReport, model: &str, json: bool) -> anyhow::Result<()> {
+    let s = report.summary();
+    let mut out = std::io::stdout().lock();
+    if json {
+        let cases: Vec<serde_json::Value> = report
+            .cases
+            .iter()
+            .map(|c| {
+                serde_json::json!({
+                    "id": c.id,
+                    "expected_category": c.expected_category,
+                    "expected_fault_locus": c.expected_locus,
+                    "rules_category": c.rules.category,
+                    "rules_fault_locus": c.rules.fault_locus,
+                    "llm_category": c.llm.category,
+                    "llm_fault_locus": c.llm.fault_locus,
+                    "source": c.llm.source,
+                    "outcome": c.outcome.label(),
+                })
+            })
+            .collect();
+        let value = serde_json::json!({
+            "model": model,
+            "summary": s,
+            "cases": cases,
+        });
+        serde_json::to_writer_pretty(&mut out, &value).context("encoding the evaluation")?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "Rules and llm:{model}, {} cases", s.cases)?;
+    writeln!(out)?;
+    writeln!(out, "| metric | rules | llm:{model} |")?;
+    writeln!(out, "|---|---|---|")?;
+    writeln!(
+        out,
+        "| category accuracy | {} | {} |",
+        accuracy(s.rules_category_correct, s.cases),
+        accuracy(s.llm_category_correct, s.cases)
+    )?;
+    writeln!(
+        out,
+        "| fault locus accuracy | {} | {} |",
+        accuracy(s.rules_locus_correct, s.cases),
+        accuracy(s.llm_locus_correct, s.cases)
+    )?;
+    writeln!(out)?;
+    let fallbacks: Vec<String> = s
+        .fallbacks
+        .iter()
+        .map(|(reason, n)| format!("{reason} {n}"))
+        .collect();
+    writeln!(
+        out,
+        "Model answers used: {} of {}. Fallbacks to the rules' answer: {}.",
+        s.refined,
+        s.cases,
+        if fallbacks.is_empty() {
+            "none".to_owned()
+        } else {
+            fallbacks.join(", ")
+        }
+    )?;
+    let differ: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|c| {
+            !(c.rules_category_correct()
+                && c.llm_category_correct()
+                && c.rules_locus_correct()
+                && c.llm_locus_correct())
+        })
+        .collect();
+    if !differ.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "Misses (either answer wrong)")?;
+        writeln!(out)?;
+        writeln!(out, "| case | label | rules | llm | outcome |")?;
+        writeln!(out, "|---|---|---|---|---|")?;
+        for c in differ {
+            writeln!(
+                out,
+                "| {} | {} / {} | {} / {} | {} / {} | {} |",
+                c.id,
+                label(c.expected_category),
+                label(c.expected_locus),
+                label(c.rules.category),
+                label(c.rules.fault_locus),
+                label(c.llm.category),
+                label(c.llm.fault_locus),
+                c.outcome.label()
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn print_eval(e: &Evaluation, json: bool) -> anyhow::Result<()> {

@@ -34,7 +34,8 @@ enum Command {
     /// Run a scenario file as fast as possible and summarise what was detected.
     Sim(SimArgs),
     /// Classify a failure from its logs (files, or stdin): category, fault locus,
-    /// culprit, evidence. With --eval, score the rules on a labelled corpus.
+    /// culprit, evidence; optionally refined by a model. With --eval, score the rules
+    /// (and the model) on a labelled corpus.
     Diagnose(DiagnoseArgs),
     /// Print the version of this build and the wire version it speaks.
     Version,
@@ -84,9 +85,26 @@ pub struct DiagnoseArgs {
     /// name, others are added.
     #[arg(long, value_name = "DIR")]
     pub rules: Option<PathBuf>,
-    /// Score the rules on a labelled corpus (JSON lines) instead of diagnosing logs.
+    /// Score the rules on a labelled corpus (JSON lines) instead of diagnosing logs;
+    /// with --llm-url, the rules and the model side by side.
     #[arg(long, value_name = "CORPUS.jsonl", conflicts_with = "files")]
     pub eval: Option<PathBuf>,
+    /// Refine the rules' answer with a model behind this OpenAI-compatible API (base
+    /// URL up to the version, e.g. http://127.0.0.1:8000/v1). Needs --llm-model.
+    #[arg(long, value_name = "URL", env = "WARDEN_LLM_URL")]
+    pub llm_url: Option<String>,
+    /// The model to ask (as the server names it).
+    #[arg(long, value_name = "MODEL", env = "WARDEN_LLM_MODEL")]
+    pub llm_model: Option<String>,
+    /// File whose first line is the API key (sent as a Bearer token).
+    #[arg(long, value_name = "FILE", conflicts_with = "llm_key_env")]
+    pub llm_key_file: Option<PathBuf>,
+    /// Environment variable holding the API key.
+    #[arg(long, value_name = "VAR")]
+    pub llm_key_env: Option<String>,
+    /// Time allowed for one request to the model, in seconds (default 30).
+    #[arg(long, value_name = "SECS")]
+    pub llm_timeout_secs: Option<u64>,
 }
 
 fn main() -> ExitCode {

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::classify::{Classifier, normalize_pci};
 use crate::input::{LineReader, for_each_line};
-use crate::model::{Category, Culprit, FaultLocus};
+use crate::model::{Category, Culprit, Diagnosis, FaultLocus, LogLine};
 use crate::rules::RuleSet;
 
 /// One labelled case.
@@ -271,6 +271,22 @@ fn ratio(n: usize, d: usize) -> f64 {
 
 /// Run the rules on every case and score the answers.
 pub fn evaluate(rules: &RuleSet, cases: &[Case]) -> Result<Evaluation, EvalError> {
+    evaluate_with(cases, |lines| {
+        let mut classifier = Classifier::new(rules);
+        for line in lines {
+            classifier.push(line);
+        }
+        classifier.diagnosis()
+    })
+}
+
+/// Score the answers of `diagnose` (for example the whole pipeline) on every case.
+/// `diagnose` gets a case's excerpt as lines; an excerpt that reads as binary gets the
+/// lines read before the refusal.
+pub fn evaluate_with<F>(cases: &[Case], mut diagnose: F) -> Result<Evaluation, EvalError>
+where
+    F: FnMut(&[LogLine]) -> Diagnosis,
+{
     let parser = EntityParser::new()?;
     let mut eval = Evaluation {
         cases: cases.len(),
@@ -282,11 +298,11 @@ pub fn evaluate(rules: &RuleSet, cases: &[Case]) -> Result<Evaluation, EvalError
         results: Vec::with_capacity(cases.len()),
     };
     for case in cases {
-        let mut classifier = Classifier::new(rules);
+        let mut lines = Vec::new();
         let mut reader = LineReader::new(case.excerpt.as_bytes());
-        // An excerpt is text already; a case that reads as binary gets no answer.
-        let _ = for_each_line(&mut reader, |l| classifier.push(l));
-        let d = classifier.diagnosis();
+        // An excerpt is text already; a case that reads as binary gets no more lines.
+        let _ = for_each_line(&mut reader, |l| lines.push(l.clone()));
+        let d = diagnose(&lines);
         let culprit_correct = match &case.culprit {
             None => None,
             Some(label) => {

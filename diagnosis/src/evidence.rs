@@ -8,7 +8,7 @@
 //!
 //! | tier | when | score |
 //! |---|---|---|
-//! | cause (`rare-template`) | seen on few ranks (at most an eighth of them, at least one) or, without rank or node data, at most 5 times | 0.50 ..= 1.00 |
+//! | cause (`rare-template`) | seen on few ranks (at most an eighth of them, at least one) or, without rank or node data (or with one rank and one node), at most 5 times | 0.50 ..= 1.00 |
 //! | symptom (`symptom`) | seen on most ranks (half or more of at least 4) and first near the onset, like every rank's watchdog timeout | 0.25 .. 0.50 |
 //! | background (`common`) | everything else | 0.10 .. 0.25 |
 //! | noise (`noise`) | at least `noise_min_count` lines and first seen long before the onset, like iteration logs | 0.00 .. 0.10 |
@@ -156,11 +156,13 @@ pub fn select_evidence(templates: &[Template], query: &EvidenceQuery) -> Vec<Evi
 }
 
 /// Share of the job's ranks (or, for lines without ranks, nodes) a template was seen on.
+/// With a single rank (or node) every template is on "all" of them and on "few" of
+/// them at once: the spread says nothing, and `None` lets the count decide.
 fn spread(t: &Template, total_ranks: u64, total_nodes: u64) -> Option<(f64, u64, u64)> {
-    if t.distinct_ranks > 0 && total_ranks > 0 {
+    if t.distinct_ranks > 0 && total_ranks > 1 {
         let seen = t.distinct_ranks.min(total_ranks);
         Some((seen as f64 / total_ranks as f64, seen, total_ranks))
-    } else if t.distinct_nodes > 0 && total_nodes > 0 {
+    } else if t.distinct_nodes > 0 && total_nodes > 1 {
         let seen = t.distinct_nodes.min(total_nodes);
         Some((seen as f64 / total_nodes as f64, seen, total_nodes))
     } else {
@@ -427,23 +429,45 @@ mod tests {
             ),
         ];
         for (t, want) in cases {
-            let out = select_evidence(std::slice::from_ref(&t), &q);
-            assert_eq!(out.len(), 1);
-            let first = out[0].reason.split('+').next().unwrap_or_default();
-            assert_eq!(first, want, "{}: {}", t.text, out[0].reason);
-            let range = match want {
-                "rare-template" => 0.5..=1.0,
-                "symptom" => 0.25..=0.4999,
-                "common" => 0.1..=0.2499,
-                _ => 0.0..=0.0999,
-            };
-            assert!(
-                range.contains(&out[0].score),
-                "{}: {}",
-                t.text,
-                out[0].score
-            );
+            check_tier(&t, &q, want);
         }
+        // A single-rank, single-node job: the count decides, not the spread.
+        let q = EvidenceQuery {
+            onset_at_ms: Some(END),
+            total_ranks: Some(1),
+            total_nodes: Some(1),
+            ..EvidenceQuery::default()
+        };
+        let cases = vec![
+            (tpl(9, "the whole log", 300, &[0], &["n0"], END), "common"),
+            (
+                tpl(10, "once on the only rank", 1, &[0], &["n0"], END),
+                "rare-template",
+            ),
+        ];
+        for (t, want) in cases {
+            check_tier(&t, &q, want);
+        }
+    }
+
+    /// One template alone: its first tag and that its score lies in the tier's range.
+    fn check_tier(t: &Template, q: &EvidenceQuery, want: &str) {
+        let out = select_evidence(std::slice::from_ref(t), q);
+        assert_eq!(out.len(), 1);
+        let first = out[0].reason.split('+').next().unwrap_or_default();
+        assert_eq!(first, want, "{}: {}", t.text, out[0].reason);
+        let range = match want {
+            "rare-template" => 0.5..=1.0,
+            "symptom" => 0.25..=0.4999,
+            "common" => 0.1..=0.2499,
+            _ => 0.0..=0.0999,
+        };
+        assert!(
+            range.contains(&out[0].score),
+            "{}: {}",
+            t.text,
+            out[0].score
+        );
     }
 
     #[test]

@@ -14,8 +14,10 @@ pub mod llm;
 pub mod llm_eval;
 pub mod loggen;
 pub mod model;
+pub mod pipeline;
 pub mod redact;
 pub mod rules;
 pub mod watchdog;
 
 pub use model::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus, LogLine};
+pub use pipeline::{Pipeline, PipelineOptions, diagnose_lines};
