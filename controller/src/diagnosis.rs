@@ -23,7 +23,7 @@ use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc};
 use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser};
 use warden_diagnosis::rules::RuleSet;
-use warden_diagnosis::{Diagnosis, LogLine};
+use warden_diagnosis::{Diagnosis, LogLine, PipelineOptions};
 use warden_model::{DiagnosisEvidence, IncidentDiagnosis, NodeName, Timestamp};
 
 use crate::clock::Clock;
@@ -347,15 +347,18 @@ impl Diagnoser {
         let gathered = self.gather(req, metrics).await;
         let rules = self.rules.clone();
         let world_size = req.world_size;
+        let onset_ms = Some(req.onset.nanos().div_euclid(1_000_000));
+        let suspect = req.culprit_nodes.first().cloned();
         let lines = Arc::new(gathered.lines);
         let for_rules = lines.clone();
-        let answer =
-            tokio::task::spawn_blocking(move || diagnose_lines(&rules, &for_rules, world_size))
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "diagnosis task failed");
-                    Diagnosis::unknown()
-                });
+        let answer = tokio::task::spawn_blocking(move || {
+            diagnose_lines(&rules, &for_rules, world_size, onset_ms, suspect.as_deref())
+        })
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "diagnosis task failed");
+            Diagnosis::unknown()
+        });
         let answer = match &self.llm {
             Some(llm) => {
                 let (refined, outcome) = llm.refine(&answer, &answer.evidence).await;
@@ -447,10 +450,23 @@ impl Diagnoser {
     }
 }
 
-/// The rules' answer for `lines` (pure; the controller's and the demo's common path).
-pub fn diagnose_lines(rules: &RuleSet, lines: &[LogLine], world_size: Option<u32>) -> Diagnosis {
-    let _ = world_size;
-    warden_diagnosis::classify::classify(rules, lines)
+/// The deterministic answer for `lines`: rules, template mining and the watchdog
+/// analysis (pure; the controller's and the demo's common path). `suspect_node` (the
+/// detectors' culprit node) only ranks the evidence; it never becomes the culprit.
+pub fn diagnose_lines(
+    rules: &RuleSet,
+    lines: &[LogLine],
+    world_size: Option<u32>,
+    onset_at_ms: Option<i64>,
+    suspect_node: Option<&str>,
+) -> Diagnosis {
+    let opts = PipelineOptions {
+        world_size,
+        onset_at_ms,
+        suspect_node: suspect_node.map(str::to_owned),
+        ..PipelineOptions::default()
+    };
+    warden_diagnosis::diagnose_lines(rules, lines, &opts)
 }
 
 /// Diagnose from the lines the controller already holds, without pulling anything
@@ -468,7 +484,8 @@ pub fn diagnose_held(rules: &RuleSet, req: &DiagnosisRequest) -> IncidentDiagnos
             text: h.text.clone(),
         })
         .collect();
-    let answer = diagnose_lines(rules, &lines, req.world_size);
+    let suspect = req.culprit_nodes.first().map(String::as_str);
+    let answer = diagnose_lines(rules, &lines, req.world_size, None, suspect);
     to_incident_diagnosis(&answer, &lines, Vec::new())
 }
 
