@@ -60,3 +60,28 @@ fn the_pipeline_meets_the_accuracy_floor_and_keeps_the_rules_labels() {
     }
     assert!(through_pipeline.culprit_correct >= rules_only.culprit_correct);
 }
+
+/// Logs of the same classes written apart from the dev corpus (other frameworks'
+/// wording, Slurm and kernel lines, gloo barriers): the rules must generalize to them.
+#[test]
+fn shipped_rules_generalize_to_cases_outside_the_dev_corpus() {
+    let text = include_str!("data/extra-cases.jsonl");
+    let cases = parse_corpus(text).expect("cases parse");
+    assert!(cases.len() >= 20);
+    let rules = RuleSet::builtin().expect("shipped rules load");
+    let opts = PipelineOptions::default();
+    let eval =
+        evaluate_with(&cases, |lines| diagnose_lines(&rules, lines, &opts)).expect("evaluates");
+    let report = eval.to_markdown();
+    println!("{report}");
+    assert!(
+        eval.category_accuracy() >= 0.90,
+        "category accuracy {:.3}\n{report}",
+        eval.category_accuracy()
+    );
+    assert!(
+        eval.culprit_accuracy() >= 0.75,
+        "culprit accuracy {:.3}\n{report}",
+        eval.culprit_accuracy()
+    );
+}
