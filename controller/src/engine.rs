@@ -15,7 +15,7 @@ use warden_model::{
 
 use crate::detect::{DetectConfig, Detectors};
 use crate::incidents::IncidentBook;
-use crate::state::{Cluster, GpuTrouble, JobState, NO_NODE};
+use crate::state::{Cluster, GpuTrouble, JobState, NO_NODE, RankProgress};
 use crate::view::{IncidentView, JobView, RankView};
 
 /// How an ingest body is encoded.
@@ -289,6 +289,11 @@ impl Engine {
     /// Live per-rank progress of a job, or `None` for an unknown job.
     pub fn rank_views(&self, job: &str, now: Timestamp) -> Option<Vec<RankView>> {
         self.cluster.rank_views(job, now, self.origin)
+    }
+
+    /// Per-rank numbers of a job for `/metrics`, or `None` for an unknown job.
+    pub fn rank_progress(&self, job: &str) -> Option<Vec<RankProgress>> {
+        self.cluster.rank_progress(job)
     }
 
     /// Jobs known to the engine.

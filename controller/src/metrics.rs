@@ -4,8 +4,8 @@
 use std::sync::Mutex;
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use rustc_hash::FxHashMap;
 use warden_model::{IncidentKind, IncidentState, Timestamp};
@@ -19,6 +19,10 @@ pub const AGENT_ALIVE_SECS: f64 = 30.0;
 pub const DETECTION_LATENCY_BUCKETS: &[f64] = &[
     0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
 ];
+
+/// Per-rank series (`warden_rank_*`) are exported for ranks below this number only, so
+/// one job adds at most this many series per metric; per-job aggregates cover every rank.
+pub const RANK_SERIES_MAX: u32 = 1024;
 
 /// The `Content-Type` of the rendered text.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -69,6 +73,7 @@ pub struct Metrics {
     incidents_total: IntCounterVec,
     detection_latency: HistogramVec,
     agents: IntGauge,
+    jobs: JobMetrics,
     /// Diagnoses attached to incidents, by source (`rules`, `llm`) and whether the logs
     /// gave a category (`category`, `none`).
     pub diagnoses: IntCounterVec,
@@ -80,6 +85,190 @@ pub struct Metrics {
     pub diagnosis_dropped: IntCounter,
     /// LLM refinements by outcome (`refined`, `cached`, or the fallback reason).
     pub llm_outcomes: IntCounterVec,
+}
+
+/// Per-job and per-rank gauges, rebuilt from the engine's jobs on each scrape (a job the
+/// engine forgot loses its series). The label is `job_name`, not `job`, which Prometheus
+/// reserves for the scrape job.
+#[derive(Debug)]
+struct JobMetrics {
+    ranks: GaugeVec,
+    exited: GaugeVec,
+    step: GaugeVec,
+    step_spread: GaugeVec,
+    iteration: GaugeVec,
+    compute_ratio_max: GaugeVec,
+    incidents_open: GaugeVec,
+    rank_step: GaugeVec,
+    rank_step_lag: GaugeVec,
+    rank_loss: GaugeVec,
+    rank_grad_norm: GaugeVec,
+    rank_compute_ratio: GaugeVec,
+}
+
+fn gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> Result<GaugeVec, MetricsError> {
+    let g = GaugeVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+impl JobMetrics {
+    fn new(r: &Registry) -> Result<Self, MetricsError> {
+        const JOB: &[&str] = &["job_name"];
+        const RANK: &[&str] = &["job_name", "rank"];
+        Ok(JobMetrics {
+            ranks: gauge_vec(r, "warden_job_ranks", "Ranks known, by job.", JOB)?,
+            exited: gauge_vec(
+                r,
+                "warden_job_ranks_exited",
+                "Ranks whose process exited, by job.",
+                JOB,
+            )?,
+            step: gauge_vec(
+                r,
+                "warden_job_step",
+                "Highest optimizer step reported by any rank, by job.",
+                JOB,
+            )?,
+            step_spread: gauge_vec(
+                r,
+                "warden_job_step_spread",
+                "Highest minus lowest step among live ranks that reported one, by job.",
+                JOB,
+            )?,
+            iteration: gauge_vec(
+                r,
+                "warden_job_iteration_seconds",
+                "Median iteration time, by job.",
+                JOB,
+            )?,
+            compute_ratio_max: gauge_vec(
+                r,
+                "warden_job_compute_ratio_max",
+                "Slowest rank's compute time relative to the job's median, by job.",
+                JOB,
+            )?,
+            incidents_open: gauge_vec(
+                r,
+                "warden_job_incidents_open",
+                "Incidents of the job not yet resolved, by kind.",
+                &["job_name", "kind"],
+            )?,
+            rank_step: gauge_vec(
+                r,
+                "warden_rank_step",
+                "Last optimizer step a rank reported.",
+                RANK,
+            )?,
+            rank_step_lag: gauge_vec(
+                r,
+                "warden_rank_step_lag",
+                "Steps a rank is behind the job's highest step.",
+                RANK,
+            )?,
+            rank_loss: gauge_vec(r, "warden_rank_loss", "Last finite loss of a rank.", RANK)?,
+            rank_grad_norm: gauge_vec(
+                r,
+                "warden_rank_grad_norm",
+                "Last finite gradient norm of a rank.",
+                RANK,
+            )?,
+            rank_compute_ratio: gauge_vec(
+                r,
+                "warden_rank_compute_ratio",
+                "A rank's median compute time relative to the job's median (1 = typical).",
+                RANK,
+            )?,
+        })
+    }
+
+    fn update(&self, engine: &Engine) {
+        for g in [
+            &self.ranks,
+            &self.exited,
+            &self.step,
+            &self.step_spread,
+            &self.iteration,
+            &self.compute_ratio_max,
+            &self.incidents_open,
+            &self.rank_step,
+            &self.rank_step_lag,
+            &self.rank_loss,
+            &self.rank_grad_norm,
+            &self.rank_compute_ratio,
+        ] {
+            g.reset();
+        }
+        let mut open: FxHashMap<(&str, IncidentKind), u32> = FxHashMap::default();
+        for inc in engine.incidents() {
+            if inc.state != IncidentState::Resolved
+                && let Some(job) = inc.job.as_deref()
+            {
+                *open.entry((job, inc.kind)).or_default() += 1;
+            }
+        }
+        for j in engine.job_views() {
+            let job = j.job.as_str();
+            self.ranks.with_label_values(&[job]).set(f64::from(j.ranks));
+            self.exited
+                .with_label_values(&[job])
+                .set(f64::from(j.exited));
+            if let Some(step) = j.step {
+                self.step.with_label_values(&[job]).set(step as f64);
+            }
+            if let Some(secs) = j.iteration_s {
+                self.iteration.with_label_values(&[job]).set(secs);
+            }
+            for kind in IncidentKind::ALL {
+                let n = open.get(&(job, kind)).copied().unwrap_or(0);
+                self.incidents_open
+                    .with_label_values(&[job, kind.as_str()])
+                    .set(f64::from(n));
+            }
+            let Some(ranks) = engine.rank_progress(job) else {
+                continue;
+            };
+            let live_steps = ranks.iter().filter(|r| r.alive).filter_map(|r| r.step);
+            if let (Some(lo), Some(hi)) = (live_steps.clone().min(), live_steps.max()) {
+                self.step_spread
+                    .with_label_values(&[job])
+                    .set((hi - lo) as f64);
+            }
+            if let Some(worst) = ranks
+                .iter()
+                .filter_map(|r| r.compute_ratio)
+                .max_by(f64::total_cmp)
+            {
+                self.compute_ratio_max.with_label_values(&[job]).set(worst);
+            }
+            for r in ranks.iter().filter(|r| r.rank < RANK_SERIES_MAX) {
+                let rank = r.rank.to_string();
+                let l = [job, rank.as_str()];
+                if let Some(step) = r.step {
+                    self.rank_step.with_label_values(&l).set(step as f64);
+                    if let Some(top) = j.step {
+                        self.rank_step_lag
+                            .with_label_values(&l)
+                            .set(top.saturating_sub(step) as f64);
+                    }
+                }
+                if let Some(x) = r.loss {
+                    self.rank_loss.with_label_values(&l).set(x);
+                }
+                if let Some(x) = r.grad_norm {
+                    self.rank_grad_norm.with_label_values(&l).set(x);
+                }
+                if let Some(x) = r.compute_ratio {
+                    self.rank_compute_ratio.with_label_values(&l).set(x);
+                }
+            }
+        }
+    }
 }
 
 /// Buckets of `warden_diagnosis_duration_seconds`.
@@ -250,6 +439,7 @@ impl Metrics {
                 "LLM refinements of a diagnosis, by outcome.",
                 "outcome",
             )?,
+            jobs: JobMetrics::new(&r)?,
             registry: r,
             seen: Mutex::new(Seen::default()),
         };
@@ -336,10 +526,14 @@ impl Metrics {
             .filter(|(_, ago)| *ago <= AGENT_ALIVE_SECS)
             .count();
         self.agents.set(i64::try_from(alive).unwrap_or(i64::MAX));
+        self.jobs.update(engine);
     }
 
     /// Every metric in the Prometheus text format.
     pub fn render(&self) -> Result<String, MetricsError> {
+        // Per-job series are reset and refilled by `update`; holding its lock keeps a
+        // concurrent scrape from rendering them half-filled.
+        let _seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let mut buf = Vec::with_capacity(8 * 1024);
         TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
         Ok(String::from_utf8(buf)?)

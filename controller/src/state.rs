@@ -837,6 +837,30 @@ impl Cluster {
         Some(out)
     }
 
+    /// Per-rank numbers of a job for `/metrics`: what [`Cluster::rank_views`] gives
+    /// without the communicator detail, so a scrape of a 16,384-rank job stays cheap.
+    pub fn rank_progress(&self, job: &str) -> Option<Vec<RankProgress>> {
+        let js = self.jobs.get(job)?;
+        let compute_med = job_compute_median(js);
+        let out = js
+            .ranks
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.known)
+            .map(|(i, r)| RankProgress {
+                rank: i as u32,
+                alive: r.alive(),
+                step: r.step,
+                loss: r.loss.filter(|x| x.is_finite()),
+                grad_norm: r.grad_norm.filter(|x| x.is_finite()),
+                compute_ratio: rank_compute_median(r, 8)
+                    .zip(compute_med)
+                    .map(|(a, b)| if b > 0.0 { a / b } else { 1.0 }),
+            })
+            .collect();
+        Some(out)
+    }
+
     /// Summaries of all jobs.
     pub fn job_views(&self) -> Vec<JobView> {
         let mut v: Vec<JobView> = self
@@ -877,6 +901,23 @@ impl Cluster {
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
+}
+
+/// One rank's progress as `/metrics` exports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RankProgress {
+    /// Global rank.
+    pub rank: u32,
+    /// Whether its process is alive (as last reported).
+    pub alive: bool,
+    /// Last optimizer step reported.
+    pub step: Option<u64>,
+    /// Last loss reported, when finite.
+    pub loss: Option<f64>,
+    /// Last gradient norm reported, when finite.
+    pub grad_norm: Option<f64>,
+    /// Median compute time per iteration relative to the job's median (1.0 = typical).
+    pub compute_ratio: Option<f64>,
 }
 
 /// Median of a rank's last `k` compute samples.

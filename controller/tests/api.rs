@@ -380,3 +380,35 @@ async fn probes_answer() {
     );
     assert!(text.contains(r#"warden_incidents_open{kind="hang"} 0"#));
 }
+
+#[tokio::test]
+async fn metrics_export_job_and_rank_progress_labelled_job_name() {
+    let app = app();
+    let (status, v) = send_json(
+        &app,
+        post(batch().encode_binary(), Some(wire::CONTENT_TYPE_BINARY)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let text = metrics_text(&app).await;
+    for (name, want) in [
+        (r#"warden_job_ranks{job_name="llama"}"#, 8.0),
+        (r#"warden_job_ranks_exited{job_name="llama"}"#, 0.0),
+        (r#"warden_job_step{job_name="llama"}"#, 1.0),
+        (
+            r#"warden_job_incidents_open{job_name="llama",kind="hang"}"#,
+            0.0,
+        ),
+        (r#"warden_rank_step{job_name="llama",rank="0"}"#, 1.0),
+        (r#"warden_rank_step_lag{job_name="llama",rank="0"}"#, 0.0),
+        (r#"warden_rank_loss{job_name="llama",rank="0"}"#, 2.5),
+        (r#"warden_rank_grad_norm{job_name="llama",rank="0"}"#, 1.0),
+    ] {
+        assert_eq!(series(&text, name), Some(want), "{name}:\n{text}");
+    }
+    // Rank 1 reported no training metric: no step series rather than a made-up zero.
+    assert_eq!(
+        series(&text, r#"warden_rank_step{job_name="llama",rank="1"}"#),
+        None
+    );
+}

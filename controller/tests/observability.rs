@@ -1,0 +1,546 @@
+//! Checks of what operators install next to Warden: the Prometheus alert rules
+//! (rules/prometheus/) and the Grafana dashboards (dashboards/). Every PromQL expression
+//! they hold must parse, every alert must have a firing and a quiet unit test that
+//! passes, every metric they name must be documented, and the dashboards must be
+//! wired to their `datasource` variable.
+//!
+//! The syntax and unit-test checks run `promtool` (Debian's `prometheus` package;
+//! `scripts/test` installs it). Under `CI=true` a missing promtool fails these tests.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value as Json;
+use serde_yaml_ng::Value as Yaml;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the crate sits in the workspace")
+        .to_path_buf()
+}
+
+fn files(dir: &str, ext: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(repo().join(dir))
+        .unwrap_or_else(|e| panic!("reading {dir}: {e}"))
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "no *.{ext} in {dir}");
+    v
+}
+
+fn yaml(path: &Path) -> Yaml {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
+fn rule_files() -> Vec<PathBuf> {
+    files("rules/prometheus", "yaml")
+}
+
+fn rule_test_files() -> Vec<PathBuf> {
+    files("rules/prometheus/tests", "yaml")
+}
+
+fn dashboards() -> Vec<(PathBuf, Json)> {
+    files("dashboards", "json")
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            (p, json)
+        })
+        .collect()
+}
+
+/// Every alerting rule: (name, expression).
+fn alerts() -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for path in rule_files() {
+        let doc = yaml(&path);
+        let groups = doc["groups"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{path:?}: no groups"));
+        for g in groups {
+            for r in g["rules"].as_sequence().expect("rules of a group") {
+                if let (Some(name), Some(expr)) = (r["alert"].as_str(), r["expr"].as_str()) {
+                    out.push((name.to_owned(), expr.to_owned()));
+                }
+            }
+        }
+    }
+    assert!(!out.is_empty(), "no alerts found");
+    out
+}
+
+/// `promtool`, or `None` (with advice) outside CI when it is not installed.
+fn promtool() -> Option<PathBuf> {
+    let bin = std::env::var_os("PROMTOOL").map_or_else(|| PathBuf::from("promtool"), PathBuf::from);
+    if Command::new(&bin)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Some(bin);
+    }
+    let hint = "promtool is not installed: apt-get install --no-install-recommends prometheus \
+                (scripts/test does it), or set PROMTOOL to its path";
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{hint}");
+    eprintln!("skipping: {hint}");
+    None
+}
+
+/// Where an expression came from, and the expression with Grafana's variables replaced
+/// by values PromQL accepts.
+struct Expr {
+    origin: String,
+    promql: String,
+}
+
+/// Grafana's variables as they appear in queries, and what stands in for each.
+const GRAFANA_VARS: &[(&str, &str)] = &[
+    ("${datasource}", "prometheus"),
+    ("$__rate_interval", "1m"),
+    ("$__interval", "1m"),
+    ("$__range", "1h"),
+    ("$job", "job-0"),
+    ("$node", "node-0:9461"),
+    ("$gpu", "0"),
+];
+
+fn substitute(expr: &str) -> String {
+    let mut s = expr.to_owned();
+    for (var, value) in GRAFANA_VARS {
+        s = s.replace(var, value);
+    }
+    assert!(
+        !s.contains('$'),
+        "a Grafana variable without a stand-in in the check: {expr}"
+    );
+    s
+}
+
+/// The PromQL inside a template variable's query: `label_values(EXPR, label)` and
+/// `query_result(EXPR)` hold one; `label_values(label)` and `metrics(..)` do not.
+fn variable_promql(query: &str) -> Option<String> {
+    let q = query.trim();
+    if let Some(inner) = q
+        .strip_prefix("label_values(")
+        .and_then(|r| r.strip_suffix(')'))
+    {
+        let (expr, _label) = inner.rsplit_once(',')?;
+        return Some(expr.trim().to_owned());
+    }
+    if let Some(inner) = q
+        .strip_prefix("query_result(")
+        .and_then(|r| r.strip_suffix(')'))
+    {
+        return Some(inner.to_owned());
+    }
+    None
+}
+
+fn dashboard_exprs() -> Vec<Expr> {
+    let mut out = Vec::new();
+    for (path, d) in dashboards() {
+        let file = path
+            .file_name()
+            .expect("file name")
+            .to_string_lossy()
+            .into_owned();
+        let mut panels: Vec<&Json> = Vec::new();
+        for p in d["panels"].as_array().expect("panels") {
+            panels.push(p);
+            panels.extend(p["panels"].as_array().into_iter().flatten());
+        }
+        for p in panels {
+            for t in p["targets"].as_array().into_iter().flatten() {
+                let expr = t["expr"].as_str().expect("a target without expr");
+                out.push(Expr {
+                    origin: format!("{file}: panel {:?} {}", p["title"], t["refId"]),
+                    promql: substitute(expr),
+                });
+            }
+        }
+        for a in d["annotations"]["list"].as_array().into_iter().flatten() {
+            if let Some(expr) = a["expr"].as_str() {
+                out.push(Expr {
+                    origin: format!("{file}: annotation {:?}", a["name"]),
+                    promql: substitute(expr),
+                });
+            }
+        }
+        for v in d["templating"]["list"].as_array().into_iter().flatten() {
+            if v["type"] != "query" {
+                continue;
+            }
+            let q = v["query"]["query"]
+                .as_str()
+                .or_else(|| v["query"].as_str())
+                .expect("a query variable without a query");
+            let promql = variable_promql(q)
+                .unwrap_or_else(|| panic!("{file}: variable {:?}: no PromQL in {q}", v["name"]));
+            out.push(Expr {
+                origin: format!("{file}: variable {:?}", v["name"]),
+                promql: substitute(&promql),
+            });
+        }
+    }
+    out
+}
+
+fn rule_exprs() -> Vec<Expr> {
+    alerts()
+        .into_iter()
+        .map(|(name, expr)| Expr {
+            origin: format!("alert {name}"),
+            promql: expr,
+        })
+        .collect()
+}
+
+#[test]
+fn every_promql_expression_in_rules_and_dashboards_parses() {
+    let Some(promtool) = promtool() else { return };
+    let exprs: Vec<Expr> = rule_exprs().into_iter().chain(dashboard_exprs()).collect();
+    assert!(exprs.len() > 50, "only {} expressions found", exprs.len());
+    // Each expression becomes a recording rule; `promtool check rules` parses them all
+    // and names the failing rule.
+    let mut rules = Vec::new();
+    for (i, e) in exprs.iter().enumerate() {
+        let mut rule = serde_yaml_ng::Mapping::new();
+        rule.insert("record".into(), format!("check:expr_{i}").into());
+        rule.insert("expr".into(), e.promql.clone().into());
+        rules.push(Yaml::Mapping(rule));
+    }
+    let mut group = serde_yaml_ng::Mapping::new();
+    group.insert("name".into(), "expressions".into());
+    group.insert("rules".into(), Yaml::Sequence(rules));
+    let mut doc = serde_yaml_ng::Mapping::new();
+    doc.insert("groups".into(), Yaml::Sequence(vec![Yaml::Mapping(group)]));
+    let dir = std::env::temp_dir().join(format!("warden-promql-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("expressions.yaml");
+    std::fs::write(
+        &file,
+        serde_yaml_ng::to_string(&Yaml::Mapping(doc)).expect("yaml"),
+    )
+    .expect("write the expressions");
+    let out = Command::new(promtool)
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("run promtool");
+    let _ = std::fs::remove_dir_all(&dir);
+    if !out.status.success() {
+        let index: String = exprs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| format!("check:expr_{i} = {}: {}\n", e.origin, e.promql))
+            .collect();
+        panic!(
+            "promtool rejects an expression:\n{}{}\n{index}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn alert_rule_files_pass_promtool_check() {
+    let Some(promtool) = promtool() else { return };
+    let out = Command::new(promtool)
+        .args(["check", "rules"])
+        .args(rule_files())
+        .output()
+        .expect("run promtool");
+    assert!(
+        out.status.success(),
+        "promtool check rules:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn alert_unit_tests_pass() {
+    let Some(promtool) = promtool() else { return };
+    let out = Command::new(promtool)
+        .args(["test", "rules"])
+        .args(rule_test_files())
+        .output()
+        .expect("run promtool");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool test rules:\n{text}");
+    assert!(text.contains("SUCCESS"), "promtool test rules:\n{text}");
+}
+
+/// For every alert name in the test files: (cases where it is expected to fire, cases
+/// where it is expected to stay quiet).
+fn alert_cases() -> BTreeMap<String, (usize, usize)> {
+    let mut cases: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for path in rule_test_files() {
+        let doc = yaml(&path);
+        for t in doc["tests"].as_sequence().expect("tests") {
+            for a in t["alert_rule_test"].as_sequence().into_iter().flatten() {
+                let name = a["alertname"].as_str().expect("alertname").to_owned();
+                let fires = a["exp_alerts"].as_sequence().is_some_and(|s| !s.is_empty());
+                let c = cases.entry(name).or_default();
+                if fires {
+                    c.0 += 1;
+                } else {
+                    c.1 += 1;
+                }
+            }
+        }
+    }
+    cases
+}
+
+#[test]
+fn every_alert_has_a_firing_and_a_quiet_test_case() {
+    let cases = alert_cases();
+    let names: BTreeSet<String> = alerts().into_iter().map(|(n, _)| n).collect();
+    let mut missing = Vec::new();
+    for name in &names {
+        match cases.get(name) {
+            None => missing.push(format!("{name}: no test")),
+            Some((0, _)) => missing.push(format!("{name}: no case where it fires")),
+            Some((_, 0)) => missing.push(format!("{name}: no case where it stays quiet")),
+            Some(_) => {}
+        }
+    }
+    for name in cases.keys().filter(|n| !names.contains(*n)) {
+        missing.push(format!("{name}: tested but no such alert"));
+    }
+    assert!(missing.is_empty(), "alert tests:\n{}", missing.join("\n"));
+}
+
+const PROMQL_WORDS: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "inf",
+    "nan",
+    // Aggregations may be followed by `by (..)` instead of their argument.
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "count",
+    "group",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+];
+
+/// Metric names an expression selects: identifiers outside strings, label matchers,
+/// ranges and grouping clauses that are neither functions nor keywords.
+fn metric_names(promql: &str) -> BTreeSet<String> {
+    // Drop string literals, then everything inside {...} and [...].
+    let mut plain = String::with_capacity(promql.len());
+    let mut quote = None;
+    let mut depth = 0usize;
+    for c in promql.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'' | '`') => quote = Some(c),
+            (None, '{' | '[') => depth += 1,
+            (None, '}' | ']') => depth = depth.saturating_sub(1),
+            (None, c) if depth == 0 => plain.push(c),
+            (None, _) => {}
+        }
+    }
+    let chars: Vec<char> = plain.chars().collect();
+    let mut names = BTreeSet::new();
+    let mut i = 0;
+    let mut skip_group = false;
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_ascii_alphabetic() || c == '_' || c == ':' {
+            let start = i;
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+            {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let next = chars[i..].iter().find(|c| !c.is_whitespace());
+            // The word right after `by`, `on`, ... is a label list.
+            if [
+                "by",
+                "without",
+                "on",
+                "ignoring",
+                "group_left",
+                "group_right",
+            ]
+            .contains(&word.as_str())
+            {
+                skip_group = true;
+                continue;
+            }
+            if next == Some(&'(') || PROMQL_WORDS.contains(&word.as_str()) {
+                continue;
+            }
+            names.insert(word);
+        } else if c == '(' && skip_group {
+            // Skip the label list.
+            while i < chars.len() && chars[i] != ')' {
+                i += 1;
+            }
+            skip_group = false;
+            i += 1;
+        } else {
+            if c.is_ascii_digit() || c == '.' {
+                // A number (or a duration after offset): skip it whole.
+                while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                    i += 1;
+                }
+                continue;
+            }
+            i += 1;
+        }
+    }
+    names
+}
+
+#[test]
+fn metric_names_are_found_in_expressions() {
+    let names = metric_names(
+        r#"sum by (instance, code) (increase(warden_gpu_xid_errors_total{code=~"48|79"}[1h])) > 0
+           or (up{job="a"} unless warden_agents offset 10m) and on (instance) foo_bar * 2.5e3"#,
+    );
+    let want: BTreeSet<String> = [
+        "warden_gpu_xid_errors_total",
+        "up",
+        "warden_agents",
+        "foo_bar",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(names, want);
+}
+
+#[test]
+fn every_metric_in_rules_and_dashboards_is_documented() {
+    let doc = std::fs::read_to_string(repo().join("docs/METRICS.md")).expect("docs/METRICS.md");
+    // Prometheus's own series, not Warden's.
+    let builtin = ["up"];
+    let mut unknown = BTreeSet::new();
+    let exprs: Vec<Expr> = rule_exprs().into_iter().chain(dashboard_exprs()).collect();
+    for e in &exprs {
+        for name in metric_names(&e.promql) {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|b| doc.contains(&format!("`{b}`")))
+                .unwrap_or(&name);
+            if !builtin.contains(&base) && !doc.contains(&format!("`{base}`")) {
+                unknown.insert(format!("{name} ({})", e.origin));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "metrics not documented in docs/METRICS.md (a typo, or document them):\n{}",
+        unknown.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn fatal_xid_alert_covers_exactly_the_fatal_codes_of_the_xid_catalog() {
+    let catalog = yaml(&repo().join("rules/xid.yaml"));
+    let fatal: BTreeSet<u64> = catalog
+        .as_sequence()
+        .expect("xid.yaml is a list")
+        .iter()
+        .filter(|e| e["severity"].as_str() == Some("fatal"))
+        .map(|e| e["code"].as_u64().expect("code"))
+        .collect();
+    assert!(fatal.contains(&79), "the catalog lost XID 79");
+    let (_, expr) = alerts()
+        .into_iter()
+        .find(|(n, _)| n == "WardenGpuFatalXid")
+        .expect("the WardenGpuFatalXid alert");
+    let mut matchers = 0;
+    for part in expr.split("code=~\"").skip(1) {
+        let list = part.split('"').next().expect("closing quote");
+        let codes: BTreeSet<u64> = list
+            .split('|')
+            .map(|c| c.parse().expect("a numeric code"))
+            .collect();
+        assert_eq!(codes, fatal, "WardenGpuFatalXid codes vs rules/xid.yaml");
+        matchers += 1;
+    }
+    assert!(matchers > 0, "WardenGpuFatalXid selects no codes: {expr}");
+}
+
+#[test]
+fn dashboards_use_their_datasource_variable_and_define_their_variables() {
+    for (path, d) in dashboards() {
+        let vars = d["templating"]["list"].as_array().expect("templating");
+        let ds = vars
+            .iter()
+            .find(|v| v["name"] == "datasource")
+            .unwrap_or_else(|| panic!("{path:?}: no datasource variable"));
+        assert_eq!(ds["type"], "datasource", "{path:?}");
+        assert_eq!(ds["query"], "prometheus", "{path:?}");
+        let defined: BTreeSet<&str> = vars.iter().filter_map(|v| v["name"].as_str()).collect();
+        let mut ids = BTreeSet::new();
+        let mut panels: Vec<&Json> = Vec::new();
+        for p in d["panels"].as_array().expect("panels") {
+            panels.push(p);
+            panels.extend(p["panels"].as_array().into_iter().flatten());
+        }
+        for p in panels {
+            let id = p["id"].as_u64().expect("panel id");
+            assert!(ids.insert(id), "{path:?}: panel id {id} twice");
+            if p["type"] == "row" {
+                continue;
+            }
+            assert_eq!(
+                p["datasource"]["uid"], "${datasource}",
+                "{path:?}: panel {:?}",
+                p["title"]
+            );
+            let targets = p["targets"].as_array().expect("targets");
+            assert!(!targets.is_empty(), "{path:?}: panel {:?}", p["title"]);
+            for t in targets {
+                assert_eq!(t["datasource"]["uid"], "${datasource}", "{path:?}");
+                let expr = t["expr"].as_str().expect("expr");
+                for word in expr.split('$').skip(1) {
+                    let name: String = word
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    assert!(
+                        name.starts_with("__") || defined.contains(name.as_str()),
+                        "{path:?}: panel {:?} uses ${name}, which is not defined",
+                        p["title"]
+                    );
+                }
+            }
+        }
+    }
+}
