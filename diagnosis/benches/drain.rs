@@ -8,19 +8,20 @@
 //! - `DRAIN_BENCH_FILE`: the log to mine; generated (1 GiB, default seed) when missing.
 //!   Default `target/bench-data/train-1g.log`.
 //! - `DRAIN_BENCH_LINES`: mine at most this many lines of the file (default: all).
+//! - `DRAIN_BENCH_THREADS`: `1` (default) or `2`: the file mode reads, splits and
+//!   hashes lines on a second thread (`drain::Threads::Two`; same result).
 //! - `DRAIN_BENCH_STREAM_LINES`: lines for the stream mode (default 10,000,000).
 //!
 //! Prints one `RESULT key=value ...` line per run for scripts, after a readable summary.
-//! Only the miner is timed (in the file mode, reading the file too, as a real pass
-//! would; in the stream mode generation is excluded). Peak memory is the process's
+//! Only the miner is timed (in the file mode, reading the file in 1 MiB blocks too, as a
+//! real pass would; in the stream mode generation is excluded). Peak memory is the process's
 //! `VmHWM` from /proc/self/status.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use warden_diagnosis::drain::{DrainConfig, LineRef, Miner};
+use warden_diagnosis::drain::{DrainConfig, LineMeta, LineRef, Miner, Threads, mine_reader};
 use warden_diagnosis::loggen::{GenConfig, LogGen, write_log};
 
 fn main() {
@@ -42,17 +43,22 @@ fn env_u64(name: &str) -> Option<u64> {
         .and_then(|v| v.replace('_', "").parse().ok())
 }
 
-/// `(node, rank)` from `<ts> <host> [rankN]:...`, the generator's prefix.
-fn prefix(line: &str) -> (Option<&str>, Option<u32>) {
-    let mut parts = line.splitn(3, ' ');
+/// Rank and node from `<ts> <host> [rankN]:...`, the generator's prefix.
+fn prefix(line: &[u8]) -> LineMeta<'_> {
+    let mut parts = line.splitn(3, |&b| b == b' ');
     let _ts = parts.next();
-    let node = parts.next();
+    let node = parts.next().and_then(|n| std::str::from_utf8(n).ok());
     let rank = parts
         .next()
-        .and_then(|rest| rest.strip_prefix("[rank"))
-        .and_then(|rest| rest.split(']').next())
+        .and_then(|rest| rest.strip_prefix(b"[rank"))
+        .and_then(|rest| rest.split(|&b| b == b']').next())
+        .and_then(|digits| std::str::from_utf8(digits).ok())
         .and_then(|digits| digits.parse().ok());
-    (node, rank)
+    LineMeta {
+        rank,
+        node,
+        at_ms: None,
+    }
 }
 
 fn peak_rss_kib() -> u64 {
@@ -82,41 +88,22 @@ fn bench_file() -> Result<(), String> {
         write_log(&GenConfig::default(), file).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     let limit = env_u64("DRAIN_BENCH_LINES").unwrap_or(u64::MAX);
+    let threads = match env_u64("DRAIN_BENCH_THREADS").unwrap_or(1) {
+        1 => Threads::One,
+        2 => Threads::Two,
+        n => return Err(format!("DRAIN_BENCH_THREADS={n}: 1 or 2")),
+    };
     let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut reader = BufReader::with_capacity(1 << 20, file);
     let mut miner = Miner::new(DrainConfig::default()).map_err(|e| e.to_string())?;
-    let mut buf = Vec::with_capacity(4096);
-    let mut lines = 0u64;
-    let mut bytes = 0u64;
     let start = Instant::now();
-    while lines < limit {
-        buf.clear();
-        let n = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        bytes += n as u64;
-        if buf.last() == Some(&b'\n') {
-            buf.pop();
-        }
-        let text = match std::str::from_utf8(&buf) {
-            Ok(s) => std::borrow::Cow::Borrowed(s),
-            Err(_) => String::from_utf8_lossy(&buf),
-        };
-        let (node, rank) = prefix(&text);
-        miner.add(LineRef {
-            id: lines,
-            text: &text,
-            rank,
-            node,
-            at_ms: None,
-        });
-        lines += 1;
-    }
+    let read = mine_reader(&mut miner, file, 0, limit, threads, prefix)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let elapsed = start.elapsed();
-    report("file", lines, bytes, elapsed, &miner);
+    let mode = match threads {
+        Threads::One => "file",
+        Threads::Two => "file-2t",
+    };
+    report(mode, read.lines, read.bytes, elapsed, &miner);
     Ok(())
 }
 

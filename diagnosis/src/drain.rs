@@ -39,6 +39,8 @@
 //! The miner is pure: no I/O, no clock. Times are whatever the lines carry.
 
 use std::fmt;
+use std::io::{self, ErrorKind, Read};
+use std::sync::mpsc;
 
 use rustc_hash::FxHashMap;
 
@@ -161,6 +163,35 @@ impl<'a> From<&'a LogLine> for LineRef<'a> {
             text: &line.text,
             rank: line.rank,
             node: line.node.as_deref(),
+            at_ms: line.at_ms,
+        }
+    }
+}
+
+/// A line as raw bytes, for callers that frame lines themselves and skip UTF-8
+/// validation: the miner works on bytes and only checks what it stores (new tokens and
+/// sample lines, invalid sequences replaced with U+FFFD there).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByteLineRef<'a> {
+    /// The line id (position in the input).
+    pub id: u64,
+    /// The text, without the line terminator.
+    pub text: &'a [u8],
+    /// Global rank, when known.
+    pub rank: Option<u32>,
+    /// Node name, when known.
+    pub node: Option<&'a str>,
+    /// Milliseconds since the Unix epoch, when known.
+    pub at_ms: Option<i64>,
+}
+
+impl<'a> From<LineRef<'a>> for ByteLineRef<'a> {
+    fn from(line: LineRef<'a>) -> Self {
+        ByteLineRef {
+            id: line.id,
+            text: line.text.as_bytes(),
+            rank: line.rank,
+            node: line.node,
             at_ms: line.at_ms,
         }
     }
@@ -298,6 +329,10 @@ pub struct Miner {
     prefix_levels: usize,
     token_ids: FxHashMap<Box<str>, u32>,
     token_text: Vec<Box<str>>,
+    /// Hash of a token's masked pieces → its id: a cache in front of `token_ids`, hit
+    /// when the token's masked form equals the stored text (checked piece by piece, so
+    /// a collision only costs a trip to `token_ids`). At most `2 * max_tokens` entries.
+    by_hash: FxHashMap<u64, u32>,
     node_ids: FxHashMap<Box<str>, u32>,
     node_text: Vec<Box<str>>,
     last_node: Option<u32>,
@@ -311,8 +346,10 @@ pub struct Miner {
     stats: MinerStats,
     /// Reused per line: the line's token ids.
     line_tokens: Vec<u32>,
-    /// Reused per token: the masked form of a token with digits.
-    masked: String,
+    /// Reused per line by [`Miner::add_bytes`]: the line's tokens before interning.
+    toks: Vec<Tok>,
+    /// Reused per new token: its masked form.
+    masked: Vec<u8>,
 }
 
 impl Miner {
@@ -326,6 +363,7 @@ impl Miner {
             config,
             token_ids,
             token_text: vec![Box::from(WILDCARD_TEXT)],
+            by_hash: FxHashMap::default(),
             node_ids: FxHashMap::default(),
             node_text: Vec::new(),
             last_node: None,
@@ -337,7 +375,8 @@ impl Miner {
             next_id: 0,
             stats: MinerStats::default(),
             line_tokens: Vec::new(),
-            masked: String::new(),
+            toks: Vec::new(),
+            masked: Vec::new(),
         })
     }
 
@@ -348,8 +387,32 @@ impl Miner {
 
     /// Mines one line; returns the cluster it joined or started.
     pub fn add(&mut self, line: LineRef<'_>) -> ClusterId {
+        self.add_bytes(ByteLineRef::from(line))
+    }
+
+    /// Mines one line given as bytes; the same as [`Miner::add`] on its UTF-8 text.
+    pub fn add_bytes(&mut self, line: ByteLineRef<'_>) -> ClusterId {
+        let mut toks = std::mem::take(&mut self.toks);
+        toks.clear();
+        let cut = prepare(line.text, 0, self.config.max_line_tokens, &mut toks);
+        let id = self.add_prepared(line, line.text, &toks, cut);
+        self.toks = toks;
+        id
+    }
+
+    /// Mines a line split by [`prepare`]: `toks` hold spans in `block`.
+    fn add_prepared(
+        &mut self,
+        line: ByteLineRef<'_>,
+        block: &[u8],
+        toks: &[Tok],
+        cut: bool,
+    ) -> ClusterId {
         self.stats.lines += 1;
-        self.tokenize(line.text);
+        if cut {
+            self.stats.lines_cut += 1;
+        }
+        self.intern_all(block, toks);
         let slot = match self.find(&self.line_tokens) {
             Some(slot) => {
                 self.merge_into(slot);
@@ -430,59 +493,88 @@ impl Miner {
         }
     }
 
-    /// Fills `line_tokens` with the masked, interned tokens of `text`. Splits on ASCII
-    /// whitespace in one pass over the bytes, noting digits on the way, so a token
-    /// without digits goes straight to the interner.
-    fn tokenize(&mut self, text: &str) {
+    /// Fills `line_tokens` with the interned ids of `toks`, whose spans lie in `block`.
+    fn intern_all(&mut self, block: &[u8], toks: &[Tok]) {
         self.line_tokens.clear();
-        let bytes = text.as_bytes();
-        let mut i = 0;
-        while i < bytes.len() {
-            while i < bytes.len() && bytes[i].is_ascii_whitespace() {
-                i += 1;
-            }
-            if i == bytes.len() {
-                break;
-            }
-            let start = i;
-            let mut digits = false;
-            while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
-                digits |= bytes[i].is_ascii_digit();
-                i += 1;
-            }
-            if self.line_tokens.len() == self.config.max_line_tokens {
-                self.stats.lines_cut += 1;
-                break;
-            }
-            // Whitespace is ASCII, so `start..i` lies on character boundaries.
-            let raw = &text[start..i];
-            let id = if digits && is_plain_variable(raw.as_bytes()) {
-                WILDCARD
-            } else if digits {
-                let mut masked = std::mem::take(&mut self.masked);
-                mask_token(raw, &mut masked);
-                let id = self.intern(&masked);
-                self.masked = masked;
-                id
-            } else {
-                self.intern(raw)
+        for tok in toks {
+            let raw = block
+                .get(tok.start as usize..tok.end as usize)
+                .unwrap_or(&[]);
+            let id = match tok.kind {
+                TokKind::Wild => WILDCARD,
+                TokKind::Raw => self.intern_raw(raw, tok.key),
+                TokKind::Masked => self.intern_masked(raw, tok.key),
             };
             self.line_tokens.push(id);
         }
     }
 
-    fn intern(&mut self, token: &str) -> u32 {
+    /// Id of a token without digits (its masked form is itself).
+    fn intern_raw(&mut self, raw: &[u8], key: u64) -> u32 {
+        if let Some(&id) = self.by_hash.get(&key) {
+            if self
+                .token_text
+                .get(id as usize)
+                .is_some_and(|t| t.as_bytes() == raw)
+            {
+                return id;
+            }
+        }
+        let interned = match std::str::from_utf8(raw) {
+            Ok(text) => self.intern_new(text),
+            Err(_) => self.intern_new(&String::from_utf8_lossy(raw)),
+        };
+        self.remember(key, interned)
+    }
+
+    /// Id of a token with digits, by its masked form.
+    fn intern_masked(&mut self, raw: &[u8], key: u64) -> u32 {
+        if let Some(&id) = self.by_hash.get(&key) {
+            if let Some(text) = self.token_text.get(id as usize) {
+                let mut same = PieceEq::new(text.as_bytes());
+                mask_pieces(raw, &mut same);
+                if same.matched() {
+                    return id;
+                }
+            }
+        }
+        let mut masked = std::mem::take(&mut self.masked);
+        masked.clear();
+        mask_pieces(raw, &mut masked);
+        let interned = match std::str::from_utf8(&masked) {
+            Ok(text) => self.intern_new(text),
+            Err(_) => self.intern_new(&String::from_utf8_lossy(&masked)),
+        };
+        self.masked = masked;
+        self.remember(key, interned)
+    }
+
+    /// Caches `key` → the interned id (not the over-cap `<*>`, which is counted each
+    /// time); returns the id.
+    fn remember(&mut self, key: u64, interned: Option<u32>) -> u32 {
+        let Some(id) = interned else {
+            return WILDCARD;
+        };
+        if self.by_hash.len() < self.config.max_tokens.saturating_mul(2) {
+            self.by_hash.entry(key).or_insert(id);
+        }
+        id
+    }
+
+    /// The id of `token` by its text; `None` (counted) when it is new and the
+    /// vocabulary is full.
+    fn intern_new(&mut self, token: &str) -> Option<u32> {
         if let Some(&id) = self.token_ids.get(token) {
-            return id;
+            return Some(id);
         }
         if self.token_text.len() >= self.config.max_tokens {
             self.stats.tokens_over_cap += 1;
-            return WILDCARD;
+            return None;
         }
         let id = self.token_text.len() as u32;
         self.token_ids.insert(Box::from(token), id);
         self.token_text.push(Box::from(token));
-        id
+        Some(id)
     }
 
     fn intern_node(&mut self, node: &str) -> Option<u32> {
@@ -553,7 +645,7 @@ impl Miner {
     }
 
     /// Starts a cluster for the current line, evicting old ones if needed.
-    fn create(&mut self, line: LineRef<'_>) -> u32 {
+    fn create(&mut self, line: ByteLineRef<'_>) -> u32 {
         if self.live >= self.config.max_clusters {
             self.evict();
         }
@@ -574,7 +666,8 @@ impl Miner {
             ranks: ValueSet::new(),
             nodes: ValueSet::new(),
             sample_line: line.id,
-            sample_text: cut(line.text, self.config.max_sample_bytes).to_owned(),
+            sample_text: String::from_utf8_lossy(cut(line.text, self.config.max_sample_bytes))
+                .into_owned(),
             last_used: 0,
         };
         let slot = match self.free_slots.pop() {
@@ -673,7 +766,7 @@ impl Miner {
     }
 
     /// Records the line in the cluster's counters.
-    fn observe(&mut self, slot: u32, line: LineRef<'_>) -> ClusterId {
+    fn observe(&mut self, slot: u32, line: ByteLineRef<'_>) -> ClusterId {
         let node = line.node.and_then(|n| self.intern_node(n));
         let tick = self.stats.lines;
         let Some(c) = self.slots[slot as usize].as_mut() else {
@@ -728,112 +821,362 @@ fn similarity(template: &[u32], line: &[u32]) -> (f64, usize) {
     (same as f64 / template.len() as f64, params)
 }
 
-/// `text` cut to at most `max` bytes at a character boundary.
-fn cut(text: &str, max: usize) -> &str {
+/// `text` cut to at most `max` bytes, not inside a UTF-8 sequence.
+fn cut(text: &[u8], max: usize) -> &[u8] {
     if text.len() <= max {
         return text;
     }
     let mut end = max;
-    while !text.is_char_boundary(end) {
+    // Back off continuation bytes (0b10xx_xxxx): `end` then starts a character.
+    while end > 0 && (text[end] & 0xC0) == 0x80 {
         end -= 1;
     }
     &text[..end]
 }
 
-/// Writes the masked form of `token` into `out` (see the module docs for the rules).
-pub fn mask_token(token: &str, out: &mut String) {
-    out.clear();
-    let bytes = token.as_bytes();
+/// [`CLASS`] bit: ASCII whitespace (as `u8::is_ascii_whitespace`).
+const SPACE: u8 = 1;
+/// [`CLASS`] bit: ASCII digit.
+const DIGIT: u8 = 2;
+/// [`CLASS`] bit: hex letter `a-f`, `A-F`.
+const HEX_LETTER: u8 = 4;
+/// [`CLASS`] bit: any other ASCII letter (`x` and `X` too).
+const LETTER: u8 = 8;
+/// [`CLASS`] bit: a separator that a collapsing token may contain, `.:/+,-`.
+const SEP: u8 = 16;
+/// [`CLASS`] bit: anything else (other punctuation, bytes of multi-byte characters).
+const OTHER: u8 = 32;
+/// Alphanumeric: any of these bits.
+const ALNUM: u8 = DIGIT | HEX_LETTER | LETTER;
+/// Byte classes for splitting and masking: one table lookup per byte.
+const CLASS: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let byte = b as u8;
+        table[b] = if byte.is_ascii_whitespace() {
+            SPACE
+        } else if byte.is_ascii_digit() {
+            DIGIT
+        } else if byte.is_ascii_hexdigit() {
+            HEX_LETTER
+        } else if byte.is_ascii_alphabetic() {
+            LETTER
+        } else if matches!(byte, b'.' | b':' | b'/' | b'+' | b',' | b'-') {
+            SEP
+        } else {
+            OTHER
+        };
+        b += 1;
+    }
+    table
+};
+
+fn class(b: u8) -> u8 {
+    CLASS[b as usize]
+}
+
+/// How a token is interned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TokKind {
+    /// The token masks to a single `<*>`.
+    Wild,
+    /// No digits: the token is its own masked form.
+    Raw,
+    /// Digits: interned by its masked form.
+    Masked,
+}
+
+/// A token of a line, split and hashed but not interned yet: work that needs no miner
+/// state, so another thread may do it.
+#[derive(Debug, Clone, Copy)]
+struct Tok {
+    start: u32,
+    end: u32,
+    key: u64,
+    kind: TokKind,
+}
+
+/// Splits `text`, which starts at `base` in its block, on ASCII whitespace into at
+/// most `max_tokens` tokens, appending them to `out` with the hash of their masked
+/// pieces. One pass over the bytes notes digits on the way: a token without digits is
+/// its own masked form; one with digits is masked piece by piece into the hash, so its
+/// masked text is only built later when it is new. Returns whether the line had more
+/// tokens than `max_tokens`.
+fn prepare(text: &[u8], base: usize, max_tokens: usize, out: &mut Vec<Tok>) -> bool {
+    let first = out.len();
+    let mut i = 0;
+    while i < text.len() {
+        while i < text.len() && CLASS[text[i] as usize] == SPACE {
+            i += 1;
+        }
+        if i == text.len() {
+            break;
+        }
+        let start = i;
+        let mut seen = 0u8;
+        while i < text.len() {
+            let class = CLASS[text[i] as usize];
+            if class == SPACE {
+                break;
+            }
+            seen |= class;
+            i += 1;
+        }
+        let digits = seen & DIGIT != 0;
+        // Only hex digits, `x` and separators can make a token that is all variable.
+        let maybe_plain = seen & OTHER == 0 && (seen & LETTER == 0 || has_x(&text[start..i]));
+        if out.len() - first == max_tokens {
+            return true;
+        }
+        let raw = &text[start..i];
+        let mut hash = PieceHash::new();
+        let kind = if !digits {
+            hash.literal(raw);
+            TokKind::Raw
+        } else if (maybe_plain && is_plain_variable(raw)) || mask_pieces(raw, &mut hash) {
+            TokKind::Wild
+        } else {
+            TokKind::Masked
+        };
+        out.push(Tok {
+            start: (base + start) as u32,
+            end: (base + i) as u32,
+            key: hash.finish(),
+            kind,
+        });
+    }
+    false
+}
+
+/// Receives the pieces of a token's masked form, in order.
+trait MaskSink {
+    /// Bytes kept as they are.
+    fn literal(&mut self, bytes: &[u8]);
+    /// A variable, written `<*>`.
+    fn wildcard(&mut self);
+}
+
+/// Builds the masked form.
+impl MaskSink for Vec<u8> {
+    fn literal(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+
+    fn wildcard(&mut self) {
+        self.extend_from_slice(WILDCARD_TEXT.as_bytes());
+    }
+}
+
+/// Hashes the pieces (not the masked text: two tokens with the same masked form may
+/// hash apart, which only costs a lookup by text).
+#[derive(Debug)]
+struct PieceHash(u64);
+
+impl PieceHash {
+    const K: u64 = 0xf135_7aea_2e62_a9c5;
+
+    fn new() -> Self {
+        PieceHash(0)
+    }
+
+    fn word(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(26) ^ word).wrapping_mul(Self::K);
+    }
+
+    /// The product's high bits are the well mixed ones; the map indexes by low bits.
+    fn finish(&self) -> u64 {
+        self.0.rotate_left(32)
+    }
+}
+
+impl MaskSink for PieceHash {
+    fn literal(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        let mut word = [0u8; 8];
+        for chunk in &mut chunks {
+            word.copy_from_slice(chunk);
+            self.word(u64::from_le_bytes(word));
+        }
+        let rest = chunks.remainder();
+        // Up to 7 bytes read as two overlapping halves (no copy loop), then the length
+        // with a high bit: it marks a literal's end, which a wildcard's word lacks.
+        let n = rest.len();
+        let (lo, hi) = match n {
+            4..=7 => (le32(&rest[..4]), le32(&rest[n - 4..])),
+            2..=3 => (le16(&rest[..2]), le16(&rest[n - 2..])),
+            1 => (u64::from(rest[0]), 0),
+            _ => (0, 0),
+        };
+        self.word(lo ^ (hi << 24) ^ ((0x80 | n as u64) << 56));
+    }
+
+    fn wildcard(&mut self) {
+        self.word(0x3e2a3c);
+    }
+}
+
+fn le32(b: &[u8]) -> u64 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(b);
+    u64::from(u32::from_le_bytes(w))
+}
+
+fn le16(b: &[u8]) -> u64 {
+    let mut w = [0u8; 2];
+    w.copy_from_slice(b);
+    u64::from(u16::from_le_bytes(w))
+}
+
+/// Compares the pieces with a stored masked form, without building it.
+#[derive(Debug)]
+struct PieceEq<'a> {
+    stored: &'a [u8],
+    at: usize,
+    same: bool,
+}
+
+impl<'a> PieceEq<'a> {
+    fn new(stored: &'a [u8]) -> Self {
+        PieceEq {
+            stored,
+            at: 0,
+            same: true,
+        }
+    }
+
+    /// Whether the pieces spelled exactly the stored text.
+    fn matched(&self) -> bool {
+        self.same && self.at == self.stored.len()
+    }
+}
+
+impl MaskSink for PieceEq<'_> {
+    fn literal(&mut self, bytes: &[u8]) {
+        if self.same {
+            let end = self.at + bytes.len();
+            self.same = self.stored.get(self.at..end) == Some(bytes);
+            self.at = end;
+        }
+    }
+
+    fn wildcard(&mut self) {
+        self.literal(WILDCARD_TEXT.as_bytes());
+    }
+}
+
+/// Walks the masked form of `token` (see the module docs for the rules), handing its
+/// pieces to `sink`. Returns whether the token collapses to a single `<*>` (nothing but
+/// variables and `.:/+,-`); the pieces are then moot. Works on bytes: bytes of
+/// multi-byte characters are never alphanumeric, so they stay literal and whole.
+fn mask_pieces(token: &[u8], sink: &mut impl MaskSink) -> bool {
     // Whether everything so far is a variable or a separator, and whether any variable
     // was seen: together, whether the token collapses to one `<*>`.
     let mut only_vars = true;
     let mut any_var = false;
     let mut i = 0;
-    while i < bytes.len() {
-        if !bytes[i].is_ascii_alphanumeric() {
+    while i < token.len() {
+        if class(token[i]) & ALNUM == 0 {
             let start = i;
-            while i < bytes.len() && !bytes[i].is_ascii_alphanumeric() {
-                only_vars &= matches!(bytes[i], b'.' | b':' | b'/' | b'+' | b',' | b'-');
+            while i < token.len() && class(token[i]) & ALNUM == 0 {
+                only_vars &= class(token[i]) == SEP;
                 i += 1;
             }
-            out.push_str(&token[start..i]);
+            sink.literal(&token[start..i]);
             continue;
         }
-        if is_uuid_at(bytes, i) {
-            out.push_str(WILDCARD_TEXT);
+        if is_uuid_at(token, i) {
+            sink.wildcard();
             any_var = true;
             i += 36;
             continue;
         }
         let start = i;
-        let mut digits = false;
-        let mut hex = true;
-        while i < bytes.len() && bytes[i].is_ascii_alphanumeric() {
-            digits |= bytes[i].is_ascii_digit();
-            hex &= bytes[i].is_ascii_hexdigit();
+        let mut seen = 0;
+        while i < token.len() && class(token[i]) & ALNUM != 0 {
+            seen |= class(token[i]);
             i += 1;
         }
-        let run = &bytes[start..i];
+        let digits = seen & DIGIT != 0;
+        let hex = seen & LETTER == 0;
+        let run = &token[start..i];
         if !digits {
-            out.push_str(&token[start..i]);
+            sink.literal(run);
             only_vars = false;
         } else if hex || is_hex_literal(run) {
-            out.push_str(WILDCARD_TEXT);
+            sink.wildcard();
             any_var = true;
         } else {
             let mut j = start;
             while j < i {
                 let k = j;
-                let digit_run = bytes[j].is_ascii_digit();
-                while j < i && bytes[j].is_ascii_digit() == digit_run {
+                let digit_run = token[j].is_ascii_digit();
+                while j < i && token[j].is_ascii_digit() == digit_run {
                     j += 1;
                 }
                 if digit_run {
-                    out.push_str(WILDCARD_TEXT);
+                    sink.wildcard();
                 } else {
-                    out.push_str(&token[k..j]);
+                    sink.literal(&token[k..j]);
                 }
             }
             any_var = true;
             only_vars = false;
         }
     }
-    if only_vars && any_var && out.len() > WILDCARD_TEXT.len() {
-        out.clear();
-        out.push_str(WILDCARD_TEXT);
+    only_vars && any_var
+}
+
+/// Writes the masked form of `token` into `out` (see the module docs for the rules).
+pub fn mask_token(token: &str, out: &mut String) {
+    let mut bytes = std::mem::take(out).into_bytes();
+    bytes.clear();
+    if mask_pieces(token.as_bytes(), &mut bytes) {
+        bytes.clear();
+        bytes.wildcard();
     }
+    // Pieces of a `str` split only at ASCII bytes, so this is valid UTF-8.
+    *out = match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    };
 }
 
 /// Whether `token` is nothing but numbers in the masking sense (hex-digit runs with a
 /// digit, `0x` literals) and separators `.:/+,-`: then its masked form is a single `<*>`,
-/// known without building it. A fast path only: `false` leaves the answer to
-/// [`mask_token`].
+/// known without hashing it. A fast path only: `false` leaves the answer to
+/// [`mask_pieces`].
 fn is_plain_variable(token: &[u8]) -> bool {
     let mut i = 0;
     let mut any = false;
     while i < token.len() {
-        let b = token[i];
-        if !b.is_ascii_alphanumeric() {
-            if !matches!(b, b'.' | b':' | b'/' | b'+' | b',' | b'-') {
+        let c = class(token[i]);
+        if c & ALNUM == 0 {
+            if c != SEP {
                 return false;
             }
             i += 1;
             continue;
         }
         let start = i;
-        let mut digits = false;
-        let mut hex = true;
-        while i < token.len() && token[i].is_ascii_alphanumeric() {
-            digits |= token[i].is_ascii_digit();
-            hex &= token[i].is_ascii_hexdigit();
+        let mut seen = 0;
+        while i < token.len() && class(token[i]) & ALNUM != 0 {
+            seen |= class(token[i]);
             i += 1;
         }
+        let digits = seen & DIGIT != 0;
+        let hex = seen & LETTER == 0;
         if !digits || !(hex || is_hex_literal(&token[start..i])) {
             return false;
         }
         any = true;
     }
     any
+}
+
+/// Whether `token` has an `x` or `X` (of a `0x` literal).
+fn has_x(token: &[u8]) -> bool {
+    token.iter().any(|&b| b | 0x20 == b'x')
 }
 
 /// `0x` followed by at least one hex digit.
@@ -854,6 +1197,237 @@ fn is_uuid_at(bytes: &[u8], i: usize) -> bool {
         _ => b.is_ascii_hexdigit(),
     });
     shape_ok && !bytes.get(i + 36).is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// Bytes read from the input per batch of lines.
+const BLOCK_BYTES: usize = 1 << 20;
+/// Longest line mined, in bytes; the rest of a longer line is skipped (as
+/// [`crate::input::MAX_LINE_BYTES`]).
+const MAX_LINE_BYTES: usize = crate::input::MAX_LINE_BYTES;
+
+/// How [`mine_reader`] spreads its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Threads {
+    /// Everything on the calling thread.
+    #[default]
+    One,
+    /// A second thread reads, splits and hashes lines while the calling thread interns
+    /// them and walks the tree. The miner's state lives on the calling thread only, so
+    /// the result is the same as with [`Threads::One`], line for line.
+    Two,
+}
+
+/// What a line's prefix says about where it came from; see [`mine_reader`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LineMeta<'a> {
+    /// Global rank.
+    pub rank: Option<u32>,
+    /// Node name.
+    pub node: Option<&'a str>,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: Option<i64>,
+}
+
+/// What [`mine_reader`] read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadSummary {
+    /// Lines mined.
+    pub lines: u64,
+    /// Bytes of those lines, terminators included.
+    pub bytes: u64,
+    /// Lines longer than the line cap (64 KiB), cut.
+    pub truncated_lines: u64,
+}
+
+/// Lines of one block of input, split and hashed.
+#[derive(Debug, Default)]
+struct Batch {
+    block: Vec<u8>,
+    /// Per line: its span in `block`, the end of its tokens in `toks`, whether it had
+    /// more tokens than the miner looks at.
+    lines: Vec<(u32, u32, u32, bool)>,
+    toks: Vec<Tok>,
+}
+
+/// Cuts input into lines in blocks of [`BLOCK_BYTES`]: `\n` ends a line, a `\r` before
+/// it is dropped, a last line without `\n` counts, a line longer than
+/// [`MAX_LINE_BYTES`] is cut there and the rest of it skipped.
+#[derive(Debug)]
+struct Framer<R> {
+    input: R,
+    /// Start of a line that did not end in the last block.
+    carry: Vec<u8>,
+    /// Inside the skipped rest of an overlong line.
+    skipping: bool,
+    eof: bool,
+    max_lines: u64,
+    max_tokens: usize,
+    summary: ReadSummary,
+}
+
+impl<R: Read> Framer<R> {
+    /// Fills `batch` with the next lines; `false` when there are none.
+    fn next_batch(&mut self, batch: &mut Batch) -> io::Result<bool> {
+        batch.block.clear();
+        batch.lines.clear();
+        batch.toks.clear();
+        while batch.lines.is_empty() {
+            if self.eof || self.summary.lines >= self.max_lines {
+                return Ok(false);
+            }
+            batch.block.clear();
+            batch.block.append(&mut self.carry);
+            let have = batch.block.len();
+            batch.block.resize(have + BLOCK_BYTES, 0);
+            let got = loop {
+                match self.input.read(&mut batch.block[have..]) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+            };
+            batch.block.truncate(have + got);
+            self.eof = got == 0;
+            self.frame(batch);
+        }
+        Ok(true)
+    }
+
+    /// Splits the block into lines; keeps an unfinished last line for the next block.
+    fn frame(&mut self, batch: &mut Batch) {
+        let block = std::mem::take(&mut batch.block);
+        let mut start = 0;
+        while start < block.len() && self.summary.lines < self.max_lines {
+            let Some(nl) = memchr::memchr(b'\n', &block[start..]) else {
+                break;
+            };
+            let end = start + nl;
+            if self.skipping {
+                self.skipping = false;
+                self.summary.bytes += (nl + 1) as u64;
+            } else {
+                self.line(batch, &block, start, end, end + 1 - start);
+            }
+            start = end + 1;
+        }
+        let rest = &block[start.min(block.len())..];
+        if self.summary.lines >= self.max_lines {
+            self.eof = true;
+        } else if self.skipping {
+            self.summary.bytes += rest.len() as u64;
+        } else if self.eof {
+            if !rest.is_empty() {
+                self.line(batch, &block, start, block.len(), rest.len());
+            }
+        } else if rest.len() > MAX_LINE_BYTES {
+            self.line(batch, &block, start, block.len(), rest.len());
+            self.skipping = true;
+        } else {
+            self.carry.extend_from_slice(rest);
+        }
+        batch.block = block;
+    }
+
+    fn line(&mut self, batch: &mut Batch, block: &[u8], start: usize, end: usize, bytes: usize) {
+        let mut end = end;
+        if end - start > MAX_LINE_BYTES {
+            end = start + MAX_LINE_BYTES;
+            self.summary.truncated_lines += 1;
+        } else if end > start && block[end - 1] == b'\r' {
+            end -= 1;
+        }
+        let cut = prepare(&block[start..end], start, self.max_tokens, &mut batch.toks);
+        batch
+            .lines
+            .push((start as u32, end as u32, batch.toks.len() as u32, cut));
+        self.summary.lines += 1;
+        self.summary.bytes += bytes as u64;
+    }
+}
+
+/// Mines every line of `input` with `miner`, reading it in blocks, numbering lines
+/// from `first_id`, stopping after `max_lines`. `meta` tells each line's rank, node
+/// and time from its bytes (return `LineMeta::default()` when unknown). The bytes are
+/// not checked for UTF-8 except where the miner stores them (see [`ByteLineRef`]).
+/// With [`Threads::Two`] the reading, splitting and hashing run on a second thread;
+/// the templates, counts and ids are the same as with [`Threads::One`].
+pub fn mine_reader<R, M>(
+    miner: &mut Miner,
+    input: R,
+    first_id: u64,
+    max_lines: u64,
+    threads: Threads,
+    meta: M,
+) -> io::Result<ReadSummary>
+where
+    R: Read + Send,
+    M: for<'a> Fn(&'a [u8]) -> LineMeta<'a>,
+{
+    let mut framer = Framer {
+        input,
+        carry: Vec::new(),
+        skipping: false,
+        eof: false,
+        max_lines,
+        max_tokens: miner.config.max_line_tokens,
+        summary: ReadSummary::default(),
+    };
+    let mut next_id = first_id;
+    match threads {
+        Threads::One => {
+            let mut batch = Batch::default();
+            while framer.next_batch(&mut batch)? {
+                mine_batch(miner, &batch, &mut next_id, &meta);
+            }
+            Ok(framer.summary)
+        }
+        Threads::Two => std::thread::scope(|scope| {
+            let (full_tx, full_rx) = mpsc::sync_channel::<Batch>(2);
+            let (empty_tx, empty_rx) = mpsc::sync_channel::<Batch>(4);
+            for _ in 0..3 {
+                let _ = empty_tx.send(Batch::default());
+            }
+            let reader = scope.spawn(move || -> io::Result<ReadSummary> {
+                while let Ok(mut batch) = empty_rx.recv() {
+                    if !framer.next_batch(&mut batch)? || full_tx.send(batch).is_err() {
+                        break;
+                    }
+                }
+                Ok(framer.summary)
+            });
+            for batch in full_rx.iter() {
+                mine_batch(miner, &batch, &mut next_id, &meta);
+                // The reader may have stopped already; then the batch is just dropped.
+                let _ = empty_tx.send(batch);
+            }
+            drop(empty_tx);
+            reader
+                .join()
+                .map_err(|_| io::Error::other("the reading thread panicked"))?
+        }),
+    }
+}
+
+fn mine_batch<M>(miner: &mut Miner, batch: &Batch, next_id: &mut u64, meta: &M)
+where
+    M: for<'a> Fn(&'a [u8]) -> LineMeta<'a>,
+{
+    let mut toks_start = 0usize;
+    for &(start, end, toks_end, cut) in &batch.lines {
+        let text = batch.block.get(start as usize..end as usize).unwrap_or(&[]);
+        let toks = batch.toks.get(toks_start..toks_end as usize).unwrap_or(&[]);
+        toks_start = toks_end as usize;
+        let m = meta(text);
+        let line = ByteLineRef {
+            id: *next_id,
+            text,
+            rank: m.rank,
+            node: m.node,
+            at_ms: m.at_ms,
+        };
+        *next_id += 1;
+        miner.add_prepared(line, &batch.block, toks, cut);
+    }
 }
 
 #[cfg(test)]
@@ -897,8 +1471,21 @@ mod tests {
         ];
         for (input, want) in cases {
             assert_eq!(masked(input), want, "masking {input:?}");
+            let mut pieces = Vec::new();
+            let collapses = mask_pieces(input.as_bytes(), &mut pieces);
+            if !collapses {
+                assert_eq!(pieces, want.as_bytes(), "pieces of {input:?}");
+                let mut eq = PieceEq::new(want.as_bytes());
+                mask_pieces(input.as_bytes(), &mut eq);
+                assert!(eq.matched(), "pieces of {input:?} compare equal");
+                let mut other = PieceEq::new(b"iteration<*>");
+                mask_pieces(input.as_bytes(), &mut other);
+                assert!(!other.matched(), "{input:?} is not iteration<*>");
+            } else {
+                assert_eq!(want, "<*>", "{input:?} collapses");
+            }
             if is_plain_variable(input.as_bytes()) {
-                assert_eq!(want, "<*>", "fast path agrees on {input:?}");
+                assert!(collapses, "fast path agrees on {input:?}");
             }
         }
         for plain in [
@@ -909,6 +1496,7 @@ mod tests {
             "10.0.3.17:45123",
             "12/500",
         ] {
+            assert!(mask_pieces(plain.as_bytes(), &mut Vec::new()), "{plain:?}");
             assert!(is_plain_variable(plain.as_bytes()), "{plain:?}");
         }
     }
@@ -1104,5 +1692,151 @@ mod tests {
         assert_eq!(t.sample_text, "a b c d ");
         assert_eq!(miner.stats().lines_cut, 1);
         assert_eq!(miner.template(b).expect("live").text, "");
+    }
+
+    /// `(rank, node)` from the generator's `<ts> <host> [rankN]: ...` prefix.
+    fn gen_meta(line: &[u8]) -> LineMeta<'_> {
+        let mut parts = line.splitn(3, |&b| b == b' ');
+        let _ts = parts.next();
+        let node = parts.next().and_then(|n| std::str::from_utf8(n).ok());
+        let rank = parts
+            .next()
+            .and_then(|rest| rest.strip_prefix(b"[rank"))
+            .and_then(|rest| rest.split(|&b| b == b']').next())
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| d.parse().ok());
+        LineMeta {
+            rank,
+            node,
+            at_ms: None,
+        }
+    }
+
+    fn generated(lines: u64) -> Vec<u8> {
+        let cfg = crate::loggen::GenConfig {
+            max_lines: lines,
+            target_bytes: u64::MAX,
+            ..crate::loggen::GenConfig::default()
+        };
+        let mut out = Vec::new();
+        crate::loggen::write_log(&cfg, &mut out).expect("writing to memory");
+        out
+    }
+
+    fn mine_all(input: &[u8], threads: Threads, config: DrainConfig) -> (Miner, ReadSummary) {
+        let mut miner = Miner::new(config).expect("valid");
+        let summary =
+            mine_reader(&mut miner, input, 0, u64::MAX, threads, gen_meta).expect("reads");
+        (miner, summary)
+    }
+
+    #[test]
+    fn reading_in_blocks_on_two_threads_gives_what_adding_lines_one_by_one_gives() {
+        let input = generated(40_000);
+        // Small caps so that eviction and the vocabulary cap take part.
+        let config = DrainConfig {
+            max_clusters: 16,
+            max_tokens: 300,
+            ..DrainConfig::default()
+        };
+        let mut by_line = Miner::new(config.clone()).expect("valid");
+        let body = input.strip_suffix(b"\n").unwrap_or(&input);
+        let mut n = 0u64;
+        for text in body.split(|&b| b == b'\n') {
+            let meta = gen_meta(text);
+            by_line.add_bytes(ByteLineRef {
+                id: n,
+                text,
+                rank: meta.rank,
+                node: meta.node,
+                at_ms: None,
+            });
+            n += 1;
+        }
+        let (one, summary_one) = mine_all(&input, Threads::One, config.clone());
+        let (two, summary_two) = mine_all(&input, Threads::Two, config);
+        assert_eq!(summary_one, summary_two);
+        assert_eq!(summary_one.lines, n);
+        assert_eq!(summary_one.bytes, input.len() as u64);
+        assert!(one.stats().clusters_evicted > 0, "{:?}", one.stats());
+        assert!(one.stats().tokens_over_cap > 0, "{:?}", one.stats());
+        assert_eq!(one.stats(), by_line.stats());
+        assert_eq!(one.templates(), by_line.templates());
+        assert_eq!(two.stats(), one.stats());
+        assert_eq!(two.templates(), one.templates());
+    }
+
+    #[test]
+    fn block_reading_frames_lines_like_the_line_reader() {
+        let mut input = b"alpha 1\r\nbeta 2\n\n".to_vec();
+        input.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + BLOCK_BYTES + 10));
+        input.extend_from_slice(b" tail\nlast line 7");
+        for threads in [Threads::One, Threads::Two] {
+            let (miner, summary) = mine_all(&input, threads, DrainConfig::default());
+            assert_eq!(summary.lines, 5, "{threads:?}");
+            assert_eq!(summary.bytes, input.len() as u64);
+            assert_eq!(summary.truncated_lines, 1);
+            let texts: Vec<String> = miner.templates().into_iter().map(|t| t.text).collect();
+            assert_eq!(texts[0], "alpha <*>");
+            assert_eq!(texts[1], "beta <*>");
+            assert_eq!(texts[2], "");
+            assert_eq!(texts[3].len(), MAX_LINE_BYTES, "cut, the rest skipped");
+            assert_eq!(texts[4], "last line <*>");
+        }
+        let mut miner = Miner::new(DrainConfig::default()).expect("valid");
+        let summary =
+            mine_reader(&mut miner, &input[..], 10, 2, Threads::Two, gen_meta).expect("reads");
+        assert_eq!(summary.lines, 2);
+        let t = miner.templates();
+        assert_eq!((t[0].first_line, t[1].first_line), (10, 11));
+    }
+
+    #[test]
+    fn hash_collisions_fall_back_to_the_text() {
+        let lines = [
+            "rank3 loaded shard_0001.bin in 12ms",
+            "rank4 loaded shard_0002.bin in 15ms",
+            "iteration 7 loss 2.5",
+        ];
+        let (reference, _) = mine(&lines);
+        let mut miner = Miner::new(DrainConfig::default()).expect("valid");
+        for (i, text) in lines.iter().enumerate() {
+            miner.add(LineRef {
+                id: i as u64,
+                text,
+                ..LineRef::default()
+            });
+            // Point every cached hash at the wrong token, as colliding hashes would.
+            let n = miner.token_text.len() as u32;
+            for id in miner.by_hash.values_mut() {
+                *id = (*id + 1) % n;
+            }
+        }
+        assert_eq!(miner.templates(), reference.templates());
+        assert_eq!(miner.stats(), reference.stats());
+    }
+
+    #[test]
+    fn invalid_utf8_mines_like_its_replacement() {
+        let mut miner = Miner::new(DrainConfig::default()).expect("valid");
+        let a = miner.add_bytes(ByteLineRef {
+            id: 0,
+            text: b"bad \xff byte in shard_17 \xfe",
+            ..ByteLineRef::default()
+        });
+        let b = miner.add(LineRef {
+            id: 1,
+            text: "bad \u{fffd} byte in shard_99 \u{fffd}",
+            ..LineRef::default()
+        });
+        assert_eq!(a, b);
+        let t = miner.template(a).expect("live");
+        assert_eq!(t.text, "bad \u{fffd} byte in shard_<*> \u{fffd}");
+        assert_eq!(t.sample_text, "bad \u{fffd} byte in shard_17 \u{fffd}");
+        assert_eq!(
+            miner.stats().tokens,
+            6,
+            "no duplicate of the replaced token"
+        );
     }
 }

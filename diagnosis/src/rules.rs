@@ -7,7 +7,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use aho_corasick::AhoCorasick;
+use aho_corasick::{AhoCorasick, AhoCorasickKind};
 use regex::Regex;
 use regex_syntax::hir::{Class, Hir, HirKind};
 use serde::Deserialize;
@@ -292,6 +292,11 @@ impl Rule {
     pub fn needles(&self) -> &[String] {
         &self.needles
     }
+
+    /// The rule's regexes as compiled (placeholders such as `%PCI%` expanded).
+    pub fn patterns(&self) -> impl Iterator<Item = &str> {
+        self.regexes.iter().map(Regex::as_str)
+    }
 }
 
 /// One rule's match on one line.
@@ -462,8 +467,12 @@ impl RuleSet {
             }
         }
         let (needles, needle_rules): (Vec<String>, Vec<Vec<usize>>) = index.into_iter().unzip();
+        // A DFA: the prefilter walks every byte of every line (hundreds of needles leave
+        // no rare byte to skip to), and a DFA takes one table step per byte.
         let prefilter = AhoCorasick::builder()
             .ascii_case_insensitive(true)
+            .kind(Some(AhoCorasickKind::DFA))
+            .prefilter(false)
             .build(&needles)
             .map_err(|e| format!("cannot build the needle prefilter: {e}"))?;
         Ok(RuleSet {
@@ -535,6 +544,11 @@ impl RuleSet {
             scratch.generation = 1;
         }
         scratch.candidates.clear();
+        // Most lines hold no needle: one leftmost search says so, without the
+        // bookkeeping of an overlapping one.
+        if !self.prefilter.is_match(text) {
+            return;
+        }
         for m in self.prefilter.find_overlapping_iter(text) {
             for &r in &self.needle_rules[m.pattern().as_usize()] {
                 if scratch.stamp[r] != scratch.generation {
