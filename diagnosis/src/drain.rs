@@ -21,6 +21,22 @@
 //!    `<*>`). At or above `sim_threshold` the line joins it and positions that differ
 //!    become `<*>`; below, the line starts a new cluster.
 //!
+//! # The shape cache
+//!
+//! Steps 1 and 2 are most of the work, and their result depends on little of the line:
+//! which bytes are digits, not which digits they are (with one exception: a `0` before
+//! `x`/`X` can start a `0x` literal). So the miner first writes the line's **shape**, the
+//! line with every digit turned into `1` except such a `0`, and looks it up in a small
+//! two-way set-associative cache of recent shapes and their token ids. Two lines with the
+//! same shape mask to the same tokens (every masking rule reads only byte classes, the
+//! positions of `-` and the `0x` prefix), and an id, once given, never changes; so a hit
+//! skips splitting, masking and interning with the same result, and the cache is checked
+//! byte for byte, never trusted on a hash. Training logs repeat a few hundred shapes
+//! (603 in the first 200,000 lines of the benchmark log), so most lines hit. Lines with a
+//! token over the vocabulary cap are not cached (their count must go on), nor lines over
+//! `SHAPE_MAX_BYTES`; when fewer than a quarter of lookups hit, the cache steps aside for
+//! a while so that logs without repetition do not pay for it.
+//!
 //! # Bounded memory
 //!
 //! - At most `max_clusters` live clusters. When a new one does not fit, the least
@@ -40,6 +56,7 @@
 
 use std::fmt;
 use std::io::{self, ErrorKind, Read};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 
 use rustc_hash::FxHashMap;
@@ -248,6 +265,10 @@ pub struct MinerStats {
     pub nodes: usize,
     /// Lines cut at `max_line_tokens`.
     pub lines_cut: u64,
+    /// Lines whose tokens came from the shape cache (see the module docs).
+    pub shape_hits: u64,
+    /// Lines looked up in the shape cache and not found.
+    pub shape_misses: u64,
 }
 
 /// Distinct values of a cluster: exact up to [`EXACT_VALUES`], sketched always.
@@ -350,6 +371,10 @@ pub struct Miner {
     toks: Vec<Tok>,
     /// Reused per new token: its masked form.
     masked: Vec<u8>,
+    /// Recent line shapes and their token ids.
+    shapes: ShapeCache,
+    /// Reused per line by [`Miner::add_bytes`]: the line's shape.
+    shape_buf: Vec<u8>,
 }
 
 impl Miner {
@@ -377,6 +402,8 @@ impl Miner {
             line_tokens: Vec::new(),
             toks: Vec::new(),
             masked: Vec::new(),
+            shapes: ShapeCache::new(),
+            shape_buf: Vec::new(),
         })
     }
 
@@ -392,27 +419,85 @@ impl Miner {
 
     /// Mines one line given as bytes; the same as [`Miner::add`] on its UTF-8 text.
     pub fn add_bytes(&mut self, line: ByteLineRef<'_>) -> ClusterId {
-        let mut toks = std::mem::take(&mut self.toks);
-        toks.clear();
-        let cut = prepare(line.text, 0, self.config.max_line_tokens, &mut toks);
-        let id = self.add_prepared(line, line.text, &toks, cut);
-        self.toks = toks;
+        if !self.shapes.wanted(line.text.len(), self.stats.lines) {
+            return self.add_prepared(line, line.text, 0, None, None);
+        }
+        let mut shape = std::mem::take(&mut self.shape_buf);
+        shape.clear();
+        shape.resize(line.text.len(), 0);
+        shape_of(line.text, &mut shape);
+        let key = (shape.as_slice(), shape_hash(&shape));
+        let id = self.add_prepared(line, line.text, 0, None, Some(key));
+        self.shape_buf = shape;
         id
     }
 
-    /// Mines a line split by [`prepare`]: `toks` hold spans in `block`.
+    /// Turns the shape cache on (the default) or off. Off, every line is split, masked
+    /// and interned; the templates are the same either way (a test holds it to that).
+    pub fn set_shape_cache(&mut self, on: bool) {
+        self.shapes.enabled = on;
+    }
+
+    /// Whether shapes are worth computing for the next lines: the cache is on, and not
+    /// stepped aside for want of hits.
+    fn shapes_wanted(&self) -> bool {
+        self.shapes.wanted(0, self.stats.lines)
+    }
+
+    /// Mines a line whose text lies at `base` in `block`. `toks` (with whether the line
+    /// was cut) is the line split by [`prepare`], when a reading thread did that
+    /// already; `shape` is its shape and the shape's hash, when computed.
     fn add_prepared(
         &mut self,
         line: ByteLineRef<'_>,
         block: &[u8],
-        toks: &[Tok],
-        cut: bool,
+        base: usize,
+        toks: Option<(&[Tok], bool)>,
+        shape: Option<(&[u8], u64)>,
     ) -> ClusterId {
+        let shape = shape.filter(|(bytes, _)| self.shapes.wanted(bytes.len(), self.stats.lines));
         self.stats.lines += 1;
+        let tick = self.stats.lines;
+        let cached = match shape {
+            Some((bytes, hash)) => self.shapes.get(hash, bytes, tick, &mut self.line_tokens),
+            None => None,
+        };
+        let cut = match cached {
+            Some(cut) => {
+                self.stats.shape_hits += 1;
+                cut
+            }
+            None => {
+                if shape.is_some() {
+                    self.stats.shape_misses += 1;
+                }
+                let over_cap = self.stats.tokens_over_cap;
+                let cut = match toks {
+                    Some((toks, cut)) => {
+                        self.intern_all(block, toks);
+                        cut
+                    }
+                    None => {
+                        let mut toks = std::mem::take(&mut self.toks);
+                        toks.clear();
+                        let cut = prepare(line.text, base, self.config.max_line_tokens, &mut toks);
+                        self.intern_all(block, &toks);
+                        self.toks = toks;
+                        cut
+                    }
+                };
+                if let Some((bytes, hash)) = shape {
+                    if self.stats.tokens_over_cap == over_cap {
+                        self.shapes
+                            .insert(hash, bytes, &self.line_tokens, cut, tick);
+                    }
+                }
+                cut
+            }
+        };
         if cut {
             self.stats.lines_cut += 1;
         }
-        self.intern_all(block, toks);
         let slot = match self.find(&self.line_tokens) {
             Some(slot) => {
                 self.merge_into(slot);
@@ -788,6 +873,129 @@ impl Miner {
         }
         c.id
     }
+}
+
+/// Sets of the shape cache; each holds two lines.
+const SHAPE_SETS: usize = 1024;
+/// Longest line whose shape is cached, in bytes (bounds the cache at about 1 MiB of
+/// shapes plus their ids).
+const SHAPE_MAX_BYTES: usize = 512;
+/// Lookups per verdict on whether the cache pays.
+const SHAPE_PROBATION: u64 = 16_384;
+/// Lines the cache stays aside after a verdict that it does not pay.
+const SHAPE_REST: u64 = 1 << 18;
+
+/// A line shape and its token ids.
+#[derive(Debug, Clone)]
+struct ShapeEntry {
+    hash: u64,
+    shape: Box<[u8]>,
+    ids: Box<[u32]>,
+    /// The line had more tokens than `max_line_tokens`.
+    cut: bool,
+    /// Line tick of its last hit, for replacement within its set.
+    used: u64,
+}
+
+/// Recent line shapes → token ids; see the module docs.
+#[derive(Debug)]
+struct ShapeCache {
+    /// `2 * SHAPE_SETS` ways, set `s` in `2s` and `2s + 1`.
+    ways: Vec<Option<ShapeEntry>>,
+    /// Turned off by [`Miner::set_shape_cache`].
+    enabled: bool,
+    lookups: u64,
+    hits: u64,
+    /// Stepped aside until this line tick.
+    resting_until: u64,
+}
+
+impl ShapeCache {
+    fn new() -> Self {
+        ShapeCache {
+            ways: Vec::new(),
+            enabled: true,
+            lookups: 0,
+            hits: 0,
+            resting_until: 0,
+        }
+    }
+
+    /// Whether a line of `len` bytes, at line tick `tick`, is to be looked up.
+    fn wanted(&self, len: usize, tick: u64) -> bool {
+        self.enabled && len <= SHAPE_MAX_BYTES && tick >= self.resting_until
+    }
+
+    fn set_of(hash: u64) -> usize {
+        // The hash's high bits are its best mixed.
+        2 * ((hash >> 40) as usize % SHAPE_SETS)
+    }
+
+    /// On a hit, the ids go into `ids` and whether the line was cut is returned.
+    fn get(&mut self, hash: u64, shape: &[u8], tick: u64, ids: &mut Vec<u32>) -> Option<bool> {
+        self.lookups += 1;
+        if self.lookups == SHAPE_PROBATION {
+            if self.hits * 4 < self.lookups {
+                self.resting_until = tick + SHAPE_REST;
+            }
+            self.lookups = 0;
+            self.hits = 0;
+        }
+        let set = Self::set_of(hash);
+        let ways = self.ways.get_mut(set..set + 2)?;
+        for entry in ways.iter_mut().flatten() {
+            if entry.hash == hash && *entry.shape == *shape {
+                entry.used = tick;
+                self.hits += 1;
+                ids.clear();
+                ids.extend_from_slice(&entry.ids);
+                return Some(entry.cut);
+            }
+        }
+        None
+    }
+
+    /// Remembers a line's shape and ids, in place of the less recently used of its set.
+    fn insert(&mut self, hash: u64, shape: &[u8], ids: &[u32], cut: bool, tick: u64) {
+        if self.ways.is_empty() {
+            self.ways.resize(2 * SHAPE_SETS, None);
+        }
+        let set = Self::set_of(hash);
+        let used = |w: &Option<ShapeEntry>| w.as_ref().map_or(0, |e| e.used);
+        let way = if used(&self.ways[set]) <= used(&self.ways[set + 1]) {
+            set
+        } else {
+            set + 1
+        };
+        self.ways[way] = Some(ShapeEntry {
+            hash,
+            shape: shape.into(),
+            ids: ids.into(),
+            cut,
+            used: tick,
+        });
+    }
+}
+
+/// Writes the shape of `text` into `out` (as long as `text`): every ASCII digit becomes
+/// `1`, except a `0` right before `x` or `X`, which stays `0`. Masking reads nothing
+/// else of a digit (see the module docs).
+fn shape_of(text: &[u8], out: &mut [u8]) {
+    for (o, &b) in out.iter_mut().zip(text) {
+        *o = if b.wrapping_sub(b'0') < 10 { b'1' } else { b };
+    }
+    for i in memchr::memchr2_iter(b'x', b'X', text) {
+        if i > 0 && text[i - 1] == b'0' {
+            out[i - 1] = b'0';
+        }
+    }
+}
+
+/// Hash of a shape.
+fn shape_hash(shape: &[u8]) -> u64 {
+    let mut hash = PieceHash::new();
+    hash.literal(shape);
+    hash.finish()
 }
 
 /// A 64-bit finalizer (MurmurHash3's `fmix64`): neighbouring ranks land on unrelated
@@ -1239,14 +1447,30 @@ pub struct ReadSummary {
     pub truncated_lines: u64,
 }
 
-/// Lines of one block of input, split and hashed.
+/// Lines of one block of input, with their shapes or split and hashed.
 #[derive(Debug, Default)]
 struct Batch {
     block: Vec<u8>,
-    /// Per line: its span in `block`, the end of its tokens in `toks`, whether it had
-    /// more tokens than the miner looks at.
-    lines: Vec<(u32, u32, u32, bool)>,
+    /// The shape of `block` (see [`shape_of`]), when shapes are computed.
+    shape: Vec<u8>,
+    lines: Vec<BatchLine>,
+    /// Whether the lines were split into `toks`.
+    split: bool,
     toks: Vec<Tok>,
+}
+
+/// A line of a [`Batch`].
+#[derive(Debug, Clone, Copy)]
+struct BatchLine {
+    /// Its span in `block`.
+    start: u32,
+    end: u32,
+    /// The end of its tokens in `toks`, when split.
+    toks_end: u32,
+    /// Whether it had more tokens than the miner looks at, when split.
+    cut: bool,
+    /// The hash of its shape, when shapes are computed.
+    shape_hash: u64,
 }
 
 /// Cuts input into lines in blocks of [`BLOCK_BYTES`]: `\n` ends a line, a `\r` before
@@ -1262,6 +1486,10 @@ struct Framer<R> {
     eof: bool,
     max_lines: u64,
     max_tokens: usize,
+    /// Compute shapes (for the miner's shape cache).
+    shapes: bool,
+    /// Split lines into tokens ([`prepare`]) here rather than leave it to the miner.
+    split: bool,
     summary: ReadSummary,
 }
 
@@ -1269,8 +1497,10 @@ impl<R: Read> Framer<R> {
     /// Fills `batch` with the next lines; `false` when there are none.
     fn next_batch(&mut self, batch: &mut Batch) -> io::Result<bool> {
         batch.block.clear();
+        batch.shape.clear();
         batch.lines.clear();
         batch.toks.clear();
+        batch.split = self.split;
         while batch.lines.is_empty() {
             if self.eof || self.summary.lines >= self.max_lines {
                 return Ok(false);
@@ -1288,6 +1518,11 @@ impl<R: Read> Framer<R> {
             };
             batch.block.truncate(have + got);
             self.eof = got == 0;
+            if self.shapes {
+                batch.shape.clear();
+                batch.shape.resize(batch.block.len(), 0);
+                shape_of(&batch.block, &mut batch.shape);
+            }
             self.frame(batch);
         }
         Ok(true)
@@ -1336,10 +1571,19 @@ impl<R: Read> Framer<R> {
         } else if end > start && block[end - 1] == b'\r' {
             end -= 1;
         }
-        let cut = prepare(&block[start..end], start, self.max_tokens, &mut batch.toks);
-        batch
-            .lines
-            .push((start as u32, end as u32, batch.toks.len() as u32, cut));
+        let cut =
+            self.split && prepare(&block[start..end], start, self.max_tokens, &mut batch.toks);
+        let shape_hash = match batch.shape.get(start..end) {
+            Some(shape) if self.shapes && end - start <= SHAPE_MAX_BYTES => shape_hash(shape),
+            _ => 0,
+        };
+        batch.lines.push(BatchLine {
+            start: start as u32,
+            end: end as u32,
+            toks_end: batch.toks.len() as u32,
+            cut,
+            shape_hash,
+        });
         self.summary.lines += 1;
         self.summary.bytes += bytes as u64;
     }
@@ -1370,41 +1614,59 @@ where
         eof: false,
         max_lines,
         max_tokens: miner.config.max_line_tokens,
+        shapes: true,
+        split: false,
         summary: ReadSummary::default(),
     };
     let mut next_id = first_id;
     match threads {
         Threads::One => {
             let mut batch = Batch::default();
-            while framer.next_batch(&mut batch)? {
+            loop {
+                // Split lines here only when the miner will not look shapes up.
+                framer.shapes = miner.shapes_wanted();
+                framer.split = !framer.shapes;
+                if !framer.next_batch(&mut batch)? {
+                    break;
+                }
                 mine_batch(miner, &batch, &mut next_id, &meta);
             }
             Ok(framer.summary)
         }
-        Threads::Two => std::thread::scope(|scope| {
-            let (full_tx, full_rx) = mpsc::sync_channel::<Batch>(2);
-            let (empty_tx, empty_rx) = mpsc::sync_channel::<Batch>(4);
-            for _ in 0..3 {
-                let _ = empty_tx.send(Batch::default());
-            }
-            let reader = scope.spawn(move || -> io::Result<ReadSummary> {
-                while let Ok(mut batch) = empty_rx.recv() {
-                    if !framer.next_batch(&mut batch)? || full_tx.send(batch).is_err() {
-                        break;
-                    }
+        Threads::Two => {
+            // With the shape cache in use, the reading thread only frames lines and
+            // computes shapes (the miner splits the few lines it misses); without, it
+            // splits and hashes every line.
+            let shapes_on = AtomicBool::new(miner.shapes_wanted());
+            let shapes_on = &shapes_on;
+            std::thread::scope(|scope| {
+                let (full_tx, full_rx) = mpsc::sync_channel::<Batch>(2);
+                let (empty_tx, empty_rx) = mpsc::sync_channel::<Batch>(4);
+                for _ in 0..3 {
+                    let _ = empty_tx.send(Batch::default());
                 }
-                Ok(framer.summary)
-            });
-            for batch in full_rx.iter() {
-                mine_batch(miner, &batch, &mut next_id, &meta);
-                // The reader may have stopped already; then the batch is just dropped.
-                let _ = empty_tx.send(batch);
-            }
-            drop(empty_tx);
-            reader
-                .join()
-                .map_err(|_| io::Error::other("the reading thread panicked"))?
-        }),
+                let reader = scope.spawn(move || -> io::Result<ReadSummary> {
+                    while let Ok(mut batch) = empty_rx.recv() {
+                        framer.shapes = shapes_on.load(Ordering::Relaxed);
+                        framer.split = !framer.shapes;
+                        if !framer.next_batch(&mut batch)? || full_tx.send(batch).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(framer.summary)
+                });
+                for batch in full_rx.iter() {
+                    mine_batch(miner, &batch, &mut next_id, &meta);
+                    shapes_on.store(miner.shapes_wanted(), Ordering::Relaxed);
+                    // The reader may have stopped already; then the batch is just dropped.
+                    let _ = empty_tx.send(batch);
+                }
+                drop(empty_tx);
+                reader
+                    .join()
+                    .map_err(|_| io::Error::other("the reading thread panicked"))?
+            })
+        }
     }
 }
 
@@ -1413,10 +1675,20 @@ where
     M: for<'a> Fn(&'a [u8]) -> LineMeta<'a>,
 {
     let mut toks_start = 0usize;
-    for &(start, end, toks_end, cut) in &batch.lines {
-        let text = batch.block.get(start as usize..end as usize).unwrap_or(&[]);
-        let toks = batch.toks.get(toks_start..toks_end as usize).unwrap_or(&[]);
-        toks_start = toks_end as usize;
+    for l in &batch.lines {
+        let span = l.start as usize..l.end as usize;
+        let text = batch.block.get(span.clone()).unwrap_or(&[]);
+        let toks = batch
+            .toks
+            .get(toks_start..l.toks_end as usize)
+            .filter(|_| batch.split)
+            .map(|t| (t, l.cut));
+        toks_start = l.toks_end as usize;
+        let shape = batch
+            .shape
+            .get(span)
+            .filter(|s| s.len() <= SHAPE_MAX_BYTES)
+            .map(|s| (s, l.shape_hash));
         let m = meta(text);
         let line = ByteLineRef {
             id: *next_id,
@@ -1426,7 +1698,7 @@ where
             at_ms: m.at_ms,
         };
         *next_id += 1;
-        miner.add_prepared(line, &batch.block, toks, cut);
+        miner.add_prepared(line, &batch.block, l.start as usize, toks, shape);
     }
 }
 
@@ -1764,6 +2036,125 @@ mod tests {
         assert_eq!(one.templates(), by_line.templates());
         assert_eq!(two.stats(), one.stats());
         assert_eq!(two.templates(), one.templates());
+    }
+
+    /// Stats without the shape cache's own counters.
+    fn core_stats(miner: &Miner) -> MinerStats {
+        MinerStats {
+            shape_hits: 0,
+            shape_misses: 0,
+            ..miner.stats()
+        }
+    }
+
+    #[test]
+    fn the_shape_cache_changes_nothing_but_the_work() {
+        let input = generated(30_000);
+        for config in [
+            DrainConfig::default(),
+            DrainConfig {
+                max_clusters: 16,
+                max_tokens: 300,
+                max_line_tokens: 12,
+                ..DrainConfig::default()
+            },
+        ] {
+            for threads in [Threads::One, Threads::Two] {
+                let mut plain = Miner::new(config.clone()).expect("valid");
+                plain.set_shape_cache(false);
+                mine_reader(&mut plain, &input[..], 0, u64::MAX, threads, gen_meta).expect("reads");
+                let (cached, _) = mine_all(&input, threads, config.clone());
+                assert_eq!(plain.stats().shape_hits + plain.stats().shape_misses, 0);
+                assert_eq!(core_stats(&cached), core_stats(&plain), "{threads:?}");
+                assert_eq!(cached.templates(), plain.templates(), "{threads:?}");
+                let s = cached.stats();
+                assert!(
+                    s.shape_hits > 9 * s.shape_misses,
+                    "a training log repeats its shapes: {s:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn lines_of_one_shape_mask_alike() {
+        // Every pair has the same shape; their digits differ in every way masking could
+        // notice if it read digits: zeros, `0x` prefixes, UUIDs, run lengths kept.
+        let pairs = [
+            (
+                "load 0x7f3a at 10.0.3.17:45123",
+                "load 0x1f3a at 99.9.1.99:10000",
+            ),
+            ("dev 1x7f 00x3 a0x5", "dev 9x1f 10x8 a0x1"),
+            (
+                "job 8c1d2e3f-aaaa-bbbb-cccc-0123456789ab done",
+                "job 1c9d9e9f-aaaa-bbbb-cccc-9999999999ab done",
+            ),
+            (
+                "[rank07]: step 0009 fp16 bf16",
+                "[rank10]: step 1234 fp32 bf99",
+            ),
+            (
+                "loaded shard_0000.bin E703 3b ok",
+                "loaded shard_1000.bin E100 9b ok",
+            ),
+        ];
+        for (a, b) in pairs {
+            let (mut sa, mut sb) = (vec![0; a.len()], vec![0; b.len()]);
+            shape_of(a.as_bytes(), &mut sa);
+            shape_of(b.as_bytes(), &mut sb);
+            assert_eq!(sa, sb, "{a:?} and {b:?} have one shape");
+            let masked_line =
+                |line: &str| -> Vec<String> { line.split_whitespace().map(masked).collect() };
+            assert_eq!(masked_line(a), masked_line(b), "{a:?} and {b:?}");
+        }
+        let mut s = vec![0; 14];
+        shape_of(b"0x1f 0X 90x 05", &mut s);
+        assert_eq!(&s, b"0x1f 0X 10x 11");
+        // Each first line is cached, its partner hits and gets the same template.
+        let mut miner = Miner::new(DrainConfig::default()).expect("valid");
+        for (i, (a, b)) in pairs.iter().enumerate() {
+            let ta = miner.add(LineRef {
+                id: 2 * i as u64,
+                text: a,
+                ..LineRef::default()
+            });
+            let tb = miner.add(LineRef {
+                id: 2 * i as u64 + 1,
+                text: b,
+                ..LineRef::default()
+            });
+            assert_eq!(ta, tb, "{a:?} and {b:?}");
+        }
+        assert_eq!(miner.stats().shape_hits, pairs.len() as u64);
+    }
+
+    #[test]
+    fn the_shape_cache_steps_aside_when_lines_do_not_repeat() {
+        let mut miner = Miner::new(DrainConfig::default()).expect("valid");
+        let mut text = String::new();
+        for i in 0..(SHAPE_PROBATION + 100) {
+            text.clear();
+            // A different word each line: no two shapes are alike.
+            let word: String = format!("{i:x}")
+                .chars()
+                .filter_map(|c| c.to_digit(16))
+                .map(|v| char::from(b'g' + v as u8))
+                .collect();
+            text.push_str("event ");
+            text.push_str(&word);
+            miner.add(LineRef {
+                id: i,
+                text: &text,
+                ..LineRef::default()
+            });
+        }
+        let s = miner.stats();
+        assert_eq!(s.shape_hits, 0);
+        assert_eq!(
+            s.shape_misses, SHAPE_PROBATION,
+            "no lookups once it stepped aside"
+        );
     }
 
     #[test]
