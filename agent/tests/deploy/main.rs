@@ -1,0 +1,1145 @@
+//! Checks of everything under deploy/: the Kubernetes manifests and the Helm chart are
+//! strictly valid objects (k8s-openapi round trip, and the PyPI `kubernetes-validate`
+//! schemas), agree with each other, grant exactly the least privilege Warden needs, and
+//! carry configuration the binaries' own loaders accept; the Slurm units are hardened
+//! and the prolog/epilog hooks report jobs without ever failing one.
+//!
+//! It lives in the agent crate because this is the one crate that already sees both
+//! binaries' config loaders (warden-controller is a dev-dependency here), so no new
+//! dependency edge is needed.
+
+mod helm;
+mod k8s;
+mod slurm;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s::{Obj, Typed};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
+
+/// The Kubernetes version both checks use: k8s-openapi's `v1_33` feature and
+/// `kubernetes-validate -k`. Change them together.
+const KUBERNETES_VERSION: &str = "1.33.0";
+
+/// Release name and namespace the chart is rendered with to match deploy/kubernetes.
+const RELEASE: &str = "warden";
+const NAMESPACE: &str = "warden";
+
+/// Values the downward API would give, for checking the containers' environment.
+const NODE_NAME: &str = "gpu-node-001";
+const POD_IP: &str = "10.1.2.3";
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the agent crate is inside the workspace")
+        .to_path_buf()
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The objects of a multi-document YAML text (empty documents skipped).
+fn yaml_objects(text: &str, origin: &str) -> Vec<Obj> {
+    let mut out = Vec::new();
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let v = <serde_yaml_ng::Value as serde::Deserialize>::deserialize(doc)
+            .unwrap_or_else(|e| panic!("{origin}, document {i}: not YAML: {e}\n{text}"));
+        if v.is_null() {
+            continue;
+        }
+        let value = serde_json::to_value(&v)
+            .unwrap_or_else(|e| panic!("{origin}, document {i}: not a JSON-like object: {e}"));
+        out.push(Obj {
+            origin: format!("{origin}#{i}"),
+            value,
+        });
+    }
+    out
+}
+
+fn plain_dir() -> PathBuf {
+    repo().join("deploy/kubernetes")
+}
+
+fn chart_dir() -> PathBuf {
+    repo().join("deploy/helm/warden")
+}
+
+/// The manifest files of deploy/kubernetes (not the kustomization).
+fn plain_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(plain_dir())
+        .expect("deploy/kubernetes exists")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml")
+                && p.file_name().is_some_and(|n| n != "kustomization.yaml")
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn plain() -> Vec<Obj> {
+    plain_files()
+        .iter()
+        .flat_map(|p| yaml_objects(&read(p), &p.display().to_string()))
+        .collect()
+}
+
+fn chart_values() -> serde_yaml_ng::Value {
+    serde_yaml_ng::from_str(&read(&chart_dir().join("values.yaml"))).expect("values.yaml parses")
+}
+
+/// The chart's templates rendered with `values`: (file name, output).
+fn render(values: &serde_yaml_ng::Value) -> Vec<(String, String)> {
+    let chart = helm::Chart::load(&chart_dir()).unwrap_or_else(|e| panic!("chart: {e}"));
+    chart
+        .render(values, RELEASE, NAMESPACE)
+        .unwrap_or_else(|e| panic!("rendering the chart: {e}"))
+}
+
+fn chart() -> Vec<Obj> {
+    render(&chart_values())
+        .iter()
+        .flat_map(|(name, text)| yaml_objects(text, &format!("chart templates/{name}")))
+        .collect()
+}
+
+/// Every object typed strictly; panics listing every object that is not.
+fn typed(objs: Vec<Obj>) -> Vec<(Obj, Typed)> {
+    let mut errors = Vec::new();
+    let mut out = Vec::new();
+    for o in objs {
+        match k8s::strict(&o) {
+            Ok(t) => out.push((o, t)),
+            Err(e) => errors.push(format!("{} ({}): {e}", o.origin, o.id())),
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "objects that are not strictly valid:\n{}",
+        errors.join("\n")
+    );
+    out
+}
+
+fn find<'a>(objs: &'a [(Obj, Typed)], kind: &str, name: &str) -> &'a Typed {
+    objs.iter()
+        .find(|(o, _)| o.kind() == kind && o.name() == name)
+        .map(|(_, t)| t)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn container<'a>(objs: &'a [(Obj, Typed)], kind: &str, name: &str) -> (&'a PodSpec, &'a Container) {
+    let pod = find(objs, kind, name)
+        .pod_spec()
+        .expect("a workload has a pod spec");
+    assert_eq!(pod.containers.len(), 1, "{kind} {name}: one container");
+    (pod, &pod.containers[0])
+}
+
+fn both() -> [(&'static str, Vec<(Obj, Typed)>); 2] {
+    [
+        ("deploy/kubernetes", typed(plain())),
+        ("the chart", typed(chart())),
+    ]
+}
+
+#[test]
+fn plain_manifests_are_strictly_valid_and_all_in_the_kustomization() {
+    let objs = typed(plain());
+    let kinds: BTreeSet<&str> = objs.iter().map(|(o, _)| o.kind()).collect();
+    for k in [
+        "Namespace",
+        "ServiceAccount",
+        "ConfigMap",
+        "Service",
+        "DaemonSet",
+        "Deployment",
+        "PodDisruptionBudget",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "NetworkPolicy",
+        "ServiceMonitor",
+    ] {
+        assert!(kinds.contains(k), "deploy/kubernetes has no {k}");
+    }
+    let Typed::Namespace(ns) = find(&objs, "Namespace", NAMESPACE) else {
+        panic!("the namespace");
+    };
+    assert_eq!(ns.metadata.name.as_deref(), Some(NAMESPACE));
+    for (o, _) in &objs {
+        if !matches!(o.kind(), "Namespace" | "ClusterRole" | "ClusterRoleBinding") {
+            assert_eq!(
+                o.value
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str),
+                Some(NAMESPACE),
+                "{} names its namespace",
+                o.id()
+            );
+        }
+    }
+
+    let k: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&read(&plain_dir().join("kustomization.yaml"))).expect("parses");
+    let listed: BTreeSet<String> = k["resources"]
+        .as_sequence()
+        .expect("kustomization resources")
+        .iter()
+        .map(|r| r.as_str().expect("a file name").to_owned())
+        .collect();
+    let files: BTreeSet<String> = plain_files()
+        .iter()
+        .map(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .expect("name")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        listed, files,
+        "kustomization.yaml must list exactly the manifests"
+    );
+    let keys: Vec<&str> = k
+        .as_mapping()
+        .expect("a mapping")
+        .keys()
+        .filter_map(|k| k.as_str())
+        .collect();
+    assert_eq!(
+        keys,
+        ["apiVersion", "kind", "resources"],
+        "kustomization fields"
+    );
+}
+
+#[test]
+fn chart_renders_strictly_valid_objects_and_its_defaults_are_the_plain_manifests() {
+    let chart_objs = typed(chart());
+    let plain_objs = typed(plain());
+    let by_id = |objs: &[(Obj, Typed)]| -> BTreeMap<String, Value> {
+        let mut m = BTreeMap::new();
+        for (o, _) in objs {
+            assert!(
+                m.insert(o.id(), o.value.clone()).is_none(),
+                "{} twice",
+                o.id()
+            );
+        }
+        m
+    };
+    let mut p = by_id(&plain_objs);
+    p.remove(&format!("Namespace//{NAMESPACE}"))
+        .expect("the plain manifests create the namespace");
+    let c = by_id(&chart_objs);
+    assert_eq!(
+        p.keys().collect::<Vec<_>>(),
+        c.keys().collect::<Vec<_>>(),
+        "the chart must render the same objects as deploy/kubernetes"
+    );
+    let mut diffs = Vec::new();
+    for (id, pv) in &p {
+        k8s::diff(pv, &c[id], id, &mut diffs);
+    }
+    assert!(
+        diffs.is_empty(),
+        "chart (default values) and deploy/kubernetes differ:\n{}",
+        diffs.join("\n")
+    );
+
+    // The important fields, said once more so a failure reads plainly.
+    for (_, objs) in [("plain", &plain_objs), ("chart", &chart_objs)] {
+        let (_, agent) = container(objs, "DaemonSet", "warden-agent");
+        let (_, ctl) = container(objs, "Deployment", "warden-controller");
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            agent.image.as_deref(),
+            Some(format!("ghcr.io/warden-project/warden-agent:{version}").as_str())
+        );
+        assert_eq!(
+            ctl.image.as_deref(),
+            Some(format!("ghcr.io/warden-project/warden-controller:{version}").as_str())
+        );
+        let port = |c: &Container, name: &str| {
+            c.ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some(name))
+                .map(|p| p.container_port)
+        };
+        assert_eq!(port(agent, "metrics"), Some(9461));
+        assert_eq!(port(ctl, "http"), Some(9460));
+    }
+    let chart_yaml: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&read(&chart_dir().join("Chart.yaml"))).expect("Chart.yaml");
+    assert_eq!(
+        chart_yaml["appVersion"].as_str(),
+        Some(env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(chart_yaml["apiVersion"].as_str(), Some("v2"));
+}
+
+#[test]
+fn chart_options_render_valid_objects() {
+    let mut v = chart_values();
+    v["agent"]["hostNetwork"] = true.into();
+    v["agent"]["ncclSegments"] = false.into();
+    v["rbac"]["create"] = false.into();
+    v["serviceMonitor"]["labels"] = serde_yaml_ng::from_str("{release: prometheus}").expect("yaml");
+    v["networkPolicy"]["enabled"] = false.into();
+    let objs = typed(
+        render(&v)
+            .iter()
+            .flat_map(|(n, t)| yaml_objects(t, n))
+            .collect(),
+    );
+    let kinds: BTreeSet<&str> = objs.iter().map(|(o, _)| o.kind()).collect();
+    assert!(
+        !kinds.contains("ClusterRole") && !kinds.contains("NetworkPolicy"),
+        "{kinds:?}"
+    );
+    let (pod, c) = container(&objs, "DaemonSet", "warden-agent");
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
+    assert!(
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .all(|m| m.name != "nccl-segments")
+    );
+    let Typed::ServiceMonitor(sm) = find(&objs, "ServiceMonitor", "warden-agent") else {
+        panic!("a ServiceMonitor");
+    };
+    let labels = sm.metadata.labels.as_ref().expect("labels");
+    assert_eq!(
+        labels.get("release").map(String::as_str),
+        Some("prometheus")
+    );
+    assert_eq!(
+        labels.get("app.kubernetes.io/name").map(String::as_str),
+        Some("warden-agent")
+    );
+}
+
+/// (role kind, role name, API group, resource, verb).
+type Grant = (String, String, String, String, String);
+
+#[test]
+fn rbac_is_exactly_the_least_privilege_set() {
+    let expected: BTreeSet<Grant> = [
+        (
+            "ClusterRole",
+            "",
+            "nodes",
+            &["get", "list", "watch", "patch"][..],
+        ),
+        ("ClusterRole", "", "pods", &["list", "delete"][..]),
+        ("ClusterRole", "", "pods/eviction", &["create"][..]),
+        (
+            "Role",
+            "coordination.k8s.io",
+            "leases",
+            &["get", "create", "update"][..],
+        ),
+    ]
+    .iter()
+    .flat_map(|(kind, group, res, verbs)| {
+        verbs.iter().map(move |v| {
+            (
+                kind.to_string(),
+                "warden-controller".to_string(),
+                group.to_string(),
+                res.to_string(),
+                v.to_string(),
+            )
+        })
+    })
+    .collect();
+
+    for (what, objs) in both() {
+        let mut grants = BTreeSet::new();
+        let mut bindings = Vec::new();
+        for (o, t) in &objs {
+            let rules = match t {
+                Typed::ClusterRole(r) => {
+                    assert!(r.aggregation_rule.is_none(), "{what}: no aggregation");
+                    r.rules.clone().unwrap_or_default()
+                }
+                Typed::Role(r) => r.rules.clone().unwrap_or_default(),
+                Typed::ClusterRoleBinding(b) => {
+                    bindings.push((o.kind(), b.role_ref.clone(), b.subjects.clone()));
+                    continue;
+                }
+                Typed::RoleBinding(b) => {
+                    bindings.push((o.kind(), b.role_ref.clone(), b.subjects.clone()));
+                    continue;
+                }
+                _ => continue,
+            };
+            for r in rules {
+                assert!(
+                    r.non_resource_urls.is_none() && r.resource_names.is_none(),
+                    "{what}: {}: no URLs or names",
+                    o.id()
+                );
+                for g in r.api_groups.iter().flatten() {
+                    for res in r.resources.iter().flatten() {
+                        for v in &r.verbs {
+                            grants.insert((
+                                o.kind().to_owned(),
+                                o.name().to_owned(),
+                                g.clone(),
+                                res.clone(),
+                                v.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            grants, expected,
+            "{what}: RBAC rules differ from the least-privilege set"
+        );
+
+        assert_eq!(bindings.len(), 2, "{what}: one binding per role");
+        for (kind, role_ref, subjects) in bindings {
+            let want = if kind == "ClusterRoleBinding" {
+                "ClusterRole"
+            } else {
+                "Role"
+            };
+            assert_eq!(role_ref.kind, want, "{what}: {kind} binds a {want}");
+            assert_eq!(role_ref.name, "warden-controller");
+            let subjects = subjects.unwrap_or_default();
+            assert_eq!(subjects.len(), 1, "{what}: {kind}: only the controller");
+            assert_eq!(subjects[0].kind, "ServiceAccount");
+            assert_eq!(subjects[0].name, "warden-controller");
+            assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
+        }
+
+        let Typed::ServiceAccount(sa) = find(&objs, "ServiceAccount", "warden-agent") else {
+            panic!("agent service account");
+        };
+        assert_eq!(sa.automount_service_account_token, Some(false), "{what}");
+        let (pod, _) = container(&objs, "DaemonSet", "warden-agent");
+        assert_eq!(pod.automount_service_account_token, Some(false), "{what}");
+        assert_eq!(pod.service_account_name.as_deref(), Some("warden-agent"));
+        let (pod, _) = container(&objs, "Deployment", "warden-controller");
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("warden-controller")
+        );
+    }
+}
+
+fn mebibytes(q: &str) -> f64 {
+    let (n, mult) = if let Some(n) = q.strip_suffix("Mi") {
+        (n, 1.0)
+    } else if let Some(n) = q.strip_suffix("Gi") {
+        (n, 1024.0)
+    } else {
+        panic!("quantity {q:?}: write memory in Mi or Gi")
+    };
+    n.parse::<f64>().expect("a number") * mult
+}
+
+#[test]
+fn agent_daemonset_keeps_privileges_minimal() {
+    for (what, objs) in both() {
+        let (pod, c) = container(&objs, "DaemonSet", "warden-agent");
+        let sel = pod.node_selector.as_ref().expect("node selector");
+        assert_eq!(
+            sel.get("nvidia.com/gpu.present").map(String::as_str),
+            Some("true")
+        );
+        assert!(
+            pod.tolerations
+                .iter()
+                .flatten()
+                .any(|t| t.key.as_deref() == Some("nvidia.com/gpu")),
+            "{what}: tolerates the GPU taint"
+        );
+        assert_eq!(pod.runtime_class_name.as_deref(), Some("nvidia"));
+        assert_eq!(
+            pod.host_network,
+            Some(false),
+            "{what}: pod network by default"
+        );
+        assert_ne!(pod.host_pid, Some(true));
+        assert_ne!(pod.host_ipc, Some(true));
+
+        let sc = c
+            .security_context
+            .as_ref()
+            .expect("container security context");
+        assert_eq!(sc.allow_privilege_escalation, Some(false), "{what}");
+        assert_eq!(sc.read_only_root_filesystem, Some(true), "{what}");
+        assert_ne!(sc.privileged, Some(true), "{what}");
+        let caps = sc.capabilities.as_ref().expect("capabilities");
+        assert_eq!(
+            caps.drop.as_deref(),
+            Some(&["ALL".to_string()][..]),
+            "{what}"
+        );
+        assert_eq!(
+            caps.add.as_deref(),
+            Some(&["SYSLOG".to_string()][..]),
+            "{what}"
+        );
+
+        let env: BTreeMap<_, _> = c
+            .env
+            .iter()
+            .flatten()
+            .map(|e| (e.name.as_str(), e))
+            .collect();
+        let field = |name: &str| {
+            env.get(name)
+                .and_then(|e| e.value_from.as_ref())
+                .and_then(|f| f.field_ref.as_ref())
+                .map(|f| f.field_path.as_str())
+        };
+        assert_eq!(field("NODE_NAME"), Some("spec.nodeName"), "{what}");
+        let value = |name: &str| env.get(name).and_then(|e| e.value.as_deref());
+        assert_eq!(value("NVIDIA_VISIBLE_DEVICES"), Some("all"));
+        assert_eq!(value("NVIDIA_DRIVER_CAPABILITIES"), Some("utility"));
+
+        let host: BTreeMap<&str, &str> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
+            .collect();
+        let paths: BTreeSet<&str> = host.values().copied().collect();
+        assert_eq!(
+            paths,
+            [
+                "/dev/kmsg",
+                "/dev/shm",
+                "/var/log/containers",
+                "/var/log/pods"
+            ]
+            .into(),
+            "{what}: host paths"
+        );
+        for m in c.volume_mounts.iter().flatten() {
+            assert_eq!(
+                m.read_only,
+                Some(true),
+                "{what}: mount {} is read-only",
+                m.name
+            );
+        }
+        assert!(
+            host.keys()
+                .all(|v| c.volume_mounts.iter().flatten().any(|m| m.name == *v)),
+            "{what}: every host path is mounted"
+        );
+
+        let res = c.resources.as_ref().expect("resources");
+        let get = |m: &Option<
+            BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+        >,
+                   k: &str| {
+            m.as_ref()
+                .and_then(|m| m.get(k))
+                .map(|q| mebibytes(&q.0))
+                .unwrap_or_else(|| panic!("{what}: memory {k}"))
+        };
+        let (req, lim) = (get(&res.requests, "memory"), get(&res.limits, "memory"));
+        // The budget is 25 MB of RSS (BENCHMARKS.md): ask for it, cap at a small multiple.
+        assert!(
+            (24.0..=48.0).contains(&req),
+            "{what}: memory request {req} Mi"
+        );
+        assert!(
+            (req..=128.0).contains(&lim),
+            "{what}: memory limit {lim} Mi"
+        );
+        assert!(
+            c.liveness_probe.is_some() && c.readiness_probe.is_some(),
+            "{what}: probes"
+        );
+    }
+}
+
+#[test]
+fn controller_runs_one_unprivileged_replica() {
+    for (what, objs) in both() {
+        let Typed::Deployment(d) = find(&objs, "Deployment", "warden-controller") else {
+            panic!("deployment");
+        };
+        let spec = d.spec.as_ref().expect("spec");
+        // The engine's state is in memory: a second replica would see half the batches.
+        assert_eq!(spec.replicas, Some(1), "{what}");
+        assert_eq!(
+            spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
+            Some("Recreate"),
+            "{what}"
+        );
+        let (pod, c) = container(&objs, "Deployment", "warden-controller");
+        let psc = pod.security_context.as_ref().expect("pod security context");
+        assert_eq!(psc.run_as_non_root, Some(true), "{what}");
+        let sc = c.security_context.as_ref().expect("security context");
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        let caps = sc.capabilities.as_ref().expect("capabilities");
+        assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert!(
+            caps.add.is_none(),
+            "{what}: the controller needs no capability"
+        );
+        assert!(pod.volumes.iter().flatten().all(|v| v.host_path.is_none()));
+
+        let Typed::PodDisruptionBudget(pdb) =
+            find(&objs, "PodDisruptionBudget", "warden-controller")
+        else {
+            panic!("pdb");
+        };
+        // With one replica the budget must let it go, or `kubectl drain` waits forever.
+        assert_eq!(
+            pdb.spec.as_ref().and_then(|s| s.max_unavailable.clone()),
+            Some(IntOrString::Int(1)),
+            "{what}"
+        );
+
+        // Secrets are referenced, never held.
+        assert!(
+            objs.iter().all(|(o, _)| o.kind() != "Secret"),
+            "{what}: no Secret values"
+        );
+        let llm = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "WARDEN_LLM_API_KEY")
+            .and_then(|e| e.value_from.as_ref()?.secret_key_ref.clone())
+            .expect("the LLM key comes from a Secret");
+        assert_eq!(llm.optional, Some(true), "{what}: the LLM key is optional");
+    }
+}
+
+/// The container's environment as the kubelet would set it (downward API values from
+/// NODE_NAME / POD_IP above, `$(VAR)` expanded from earlier variables; Secret
+/// references left out).
+fn pod_env(c: &Container) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    for e in c.env.iter().flatten() {
+        let v = if let Some(v) = &e.value {
+            let mut v = v.clone();
+            for (k, x) in &env {
+                v = v.replace(&format!("$({k})"), x.as_str());
+            }
+            assert!(
+                !v.contains("$("),
+                "{}: {v} names an unknown variable",
+                e.name
+            );
+            v
+        } else if let Some(f) = e.value_from.as_ref().and_then(|f| f.field_ref.as_ref()) {
+            match f.field_path.as_str() {
+                "spec.nodeName" => NODE_NAME.to_owned(),
+                "status.podIP" => POD_IP.to_owned(),
+                other => panic!("{}: unexpected field {other}", e.name),
+            }
+        } else {
+            continue;
+        };
+        env.insert(e.name.clone(), v);
+    }
+    env
+}
+
+/// The object behind file `path` in container `c`: ("ConfigMap" | "Secret", name, key).
+fn mounted(pod: &PodSpec, c: &Container, path: &Path) -> Option<(&'static str, String, String)> {
+    let dir = path.parent()?;
+    let file = path.file_name()?.to_str()?;
+    let m = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| Path::new(&m.mount_path) == dir)?;
+    let vol = pod.volumes.iter().flatten().find(|v| v.name == m.name)?;
+    let key_of = |items: &Option<Vec<k8s_openapi::api::core::v1::KeyToPath>>| match items {
+        None => Some(file.to_owned()),
+        Some(items) => items.iter().find(|i| i.path == file).map(|i| i.key.clone()),
+    };
+    if let Some(cm) = &vol.config_map {
+        return Some(("ConfigMap", cm.name.clone(), key_of(&cm.items)?));
+    }
+    if let Some(s) = &vol.secret {
+        return Some(("Secret", s.secret_name.clone()?, key_of(&s.items)?));
+    }
+    None
+}
+
+fn config_text(objs: &[(Obj, Typed)], pod: &PodSpec, c: &Container) -> (String, String) {
+    let args = c.args.clone().unwrap_or_default();
+    let i = args
+        .iter()
+        .position(|a| a == "--config")
+        .expect("the container is given --config");
+    let path = args.get(i + 1).expect("--config has a value");
+    let (kind, name, key) =
+        mounted(pod, c, Path::new(path)).unwrap_or_else(|| panic!("{path} is not mounted"));
+    assert_eq!(kind, "ConfigMap", "{path}");
+    let Typed::ConfigMap(cm) = find(objs, "ConfigMap", &name) else {
+        panic!("ConfigMap {name}");
+    };
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&key))
+        .unwrap_or_else(|| panic!("ConfigMap {name} has no {key}"))
+        .clone();
+    let file = Path::new(path)
+        .file_name()
+        .and_then(|f| f.to_str())
+        .expect("file name")
+        .to_owned();
+    (file, text)
+}
+
+fn container_port(c: &Container, name: &str) -> u16 {
+    c.ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some(name))
+        .and_then(|p| u16::try_from(p.container_port).ok())
+        .unwrap_or_else(|| panic!("container {} has no port {name}", c.name))
+}
+
+#[test]
+fn config_maps_hold_config_the_binaries_accept() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (what, objs) in both() {
+        let (apod, agent) = container(&objs, "DaemonSet", "warden-agent");
+        let (cpod, ctl) = container(&objs, "Deployment", "warden-controller");
+
+        // The agent, loaded as main.rs loads it: NODE_NAME reaches --node-name.
+        let (file, text) = config_text(&objs, apod, agent);
+        let path = dir
+            .path()
+            .join(format!("{}-{file}", what.replace([' ', '/'], "-")));
+        std::fs::write(&path, &text).expect("write config");
+        let env = pod_env(agent);
+        let flags = warden_agent::config::Overrides {
+            node_name: env.get("NODE_NAME").cloned(),
+            ..Default::default()
+        };
+        let cfg = warden_agent::config::AgentConfig::load(
+            Some(&path),
+            |k| env.get(k).cloned(),
+            &flags,
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{what}: agent config refused: {e}\n{text}"));
+        assert_eq!(cfg.node_name, NODE_NAME);
+        assert_eq!(
+            cfg.listen.to_string(),
+            format!("{POD_IP}:{}", container_port(agent, "metrics")),
+            "{what}: the agent listens on its container port"
+        );
+        let Typed::Service(svc) = find(&objs, "Service", "warden-controller") else {
+            panic!("controller service");
+        };
+        let svc_port = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.ports.as_ref())
+            .and_then(|p| p.first())
+            .map(|p| p.port)
+            .expect("service port");
+        assert_eq!(
+            cfg.ship.url.as_deref(),
+            Some(format!("http://warden-controller:{svc_port}").as_str()),
+            "{what}: agents ship to the controller's Service"
+        );
+        let token = cfg
+            .ship
+            .token_file
+            .as_deref()
+            .expect("the agent sends a token");
+        let agent_secret = mounted(apod, agent, token);
+        assert_eq!(
+            agent_secret,
+            Some(("Secret", "warden-agent-token".into(), "token".into())),
+            "{what}: token file"
+        );
+        let mounts: Vec<&str> = agent
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert!(
+            mounts.contains(&cfg.kmsg.path.to_str().expect("path")),
+            "{what}: kmsg mounted"
+        );
+        for s in &cfg.logs.sources {
+            for p in &s.paths {
+                assert!(
+                    mounts.iter().any(|m| p.starts_with(&format!("{m}/"))),
+                    "{what}: log path {p} is under a mount"
+                );
+            }
+        }
+
+        // The controller.
+        let (file, text) = config_text(&objs, cpod, ctl);
+        let path = dir
+            .path()
+            .join(format!("{}-{file}", what.replace([' ', '/'], "-")));
+        std::fs::write(&path, &text).expect("write config");
+        let env = pod_env(ctl);
+        let cfg = warden_controller::config::ControllerConfig::load(
+            Some(&path),
+            |k| env.get(k).cloned(),
+            &warden_controller::config::Overrides::default(),
+        )
+        .unwrap_or_else(|e| panic!("{what}: controller config refused: {e}\n{text}"));
+        assert_eq!(cfg.listen.port(), container_port(ctl, "http"), "{what}");
+        assert!(
+            cfg.listen.ip().is_unspecified(),
+            "{what}: reachable through the Service"
+        );
+        let token = cfg
+            .diagnosis
+            .agent_token_file
+            .as_deref()
+            .expect("agent token");
+        assert_eq!(
+            mounted(cpod, ctl, token),
+            agent_secret,
+            "{what}: the same token both ways"
+        );
+        assert!(
+            cfg.diagnosis
+                .agent_url
+                .ends_with(&format!(":{}", container_port(agent, "metrics"))),
+            "{what}: log pulls go to the agent's port"
+        );
+    }
+}
+
+#[test]
+fn services_monitors_and_policies_point_at_real_pods_and_ports() {
+    for (what, objs) in both() {
+        let workloads: Vec<(&BTreeMap<String, String>, &Container)> = objs
+            .iter()
+            .filter_map(|(_, t)| Some((t.pod_labels()?, &t.pod_spec()?.containers[0])))
+            .collect();
+        let selects = |sel: &BTreeMap<String, String>, labels: &BTreeMap<String, String>| {
+            sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+        };
+        let mut services = Vec::new();
+        for (o, t) in &objs {
+            match t {
+                Typed::Service(s) => {
+                    let spec = s.spec.as_ref().expect("spec");
+                    let sel = spec.selector.as_ref().expect("selector");
+                    let (_, c) = workloads
+                        .iter()
+                        .find(|(l, _)| selects(sel, l))
+                        .unwrap_or_else(|| panic!("{what}: {} selects no pods", o.id()));
+                    for p in spec.ports.iter().flatten() {
+                        let Some(IntOrString::String(name)) = &p.target_port else {
+                            panic!("{what}: {} targets ports by name", o.id());
+                        };
+                        assert_eq!(
+                            i32::from(container_port(c, name)),
+                            p.port,
+                            "{what}: {}",
+                            o.id()
+                        );
+                    }
+                    services.push(s.clone());
+                }
+                Typed::NetworkPolicy(np) => {
+                    let spec = np.spec.as_ref().expect("spec");
+                    let sel = spec
+                        .pod_selector
+                        .as_ref()
+                        .and_then(|s| s.match_labels.clone())
+                        .unwrap_or_default();
+                    let (_, c) = workloads
+                        .iter()
+                        .find(|(l, _)| selects(&sel, l))
+                        .unwrap_or_else(|| panic!("{what}: {} selects no pods", o.id()));
+                    let ports: BTreeSet<i32> =
+                        c.ports.iter().flatten().map(|p| p.container_port).collect();
+                    for rule in spec.ingress.iter().flatten() {
+                        for p in rule.ports.iter().flatten() {
+                            let Some(IntOrString::Int(n)) = p.port else {
+                                panic!("{what}: {} names ports by number", o.id());
+                            };
+                            assert!(ports.contains(&n), "{what}: {} port {n}", o.id());
+                        }
+                        for peer in rule.from.iter().flatten() {
+                            let Some(ps) = &peer.pod_selector else {
+                                continue;
+                            };
+                            if peer.namespace_selector.is_some() {
+                                continue;
+                            }
+                            let sel = ps.match_labels.clone().unwrap_or_default();
+                            assert!(
+                                workloads.iter().any(|(l, _)| selects(&sel, l)),
+                                "{what}: {} admits pods that do not exist",
+                                o.id()
+                            );
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let monitors: Vec<_> = objs
+            .iter()
+            .filter_map(|(o, t)| match t {
+                Typed::ServiceMonitor(sm) => Some((o, sm)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            monitors.len(),
+            2,
+            "{what}: controller and agents are scraped"
+        );
+        for (o, sm) in monitors {
+            let sel = sm.spec.selector.match_labels.clone().unwrap_or_default();
+            let svc = services
+                .iter()
+                .find(|s| s.metadata.labels.as_ref().is_some_and(|l| selects(&sel, l)))
+                .unwrap_or_else(|| panic!("{what}: {} selects no Service", o.id()));
+            for e in &sm.spec.endpoints {
+                assert!(
+                    svc.spec
+                        .as_ref()
+                        .and_then(|s| s.ports.as_ref())
+                        .is_some_and(|ps| ps.iter().any(|p| p.name.as_deref() == Some(&e.port))),
+                    "{what}: {} scrapes a port its Service has",
+                    o.id()
+                );
+                // The alert rules select on these job names.
+                let job = e
+                    .relabelings
+                    .iter()
+                    .find(|r| r.target_label.as_deref() == Some("job"))
+                    .and_then(|r| r.replacement.as_deref());
+                assert_eq!(job, Some(o.name()), "{what}: {} job label", o.id());
+            }
+        }
+    }
+}
+
+async fn status(router: axum::Router, path: &str) -> u16 {
+    use tower::ServiceExt;
+    let req = axum::http::Request::get(path)
+        .body(axum::body::Body::empty())
+        .expect("request");
+    router
+        .oneshot(req)
+        .await
+        .expect("router answers")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn probes_hit_routes_the_binaries_serve() {
+    let agent = || {
+        warden_agent::api::router(warden_agent::api::ApiState {
+            registry: prometheus::Registry::new(),
+            window: Arc::new(std::sync::Mutex::new(warden_agent::window::LogWindow::new(
+                1024,
+            ))),
+            token: None,
+            collectors_down: Arc::new(std::sync::Mutex::new(Vec::new())),
+        })
+    };
+    let controller = || {
+        use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
+        warden_controller::api::router(warden_controller::api::ApiState {
+            engine: SharedEngine::new(Engine::new(EngineConfig::default(), Default::default())),
+            clock: Arc::new(ManualClock::new(Default::default())),
+            metrics: Arc::new(warden_controller::metrics::Metrics::new("test").expect("metrics")),
+            max_batch_bytes: 1024,
+        })
+    };
+    for (what, objs) in both() {
+        for (kind, name) in [
+            ("DaemonSet", "warden-agent"),
+            ("Deployment", "warden-controller"),
+        ] {
+            let (_, c) = container(&objs, kind, name);
+            for probe in [&c.liveness_probe, &c.readiness_probe] {
+                let get = probe
+                    .as_ref()
+                    .and_then(|p| p.http_get.as_ref())
+                    .unwrap_or_else(|| panic!("{what}: {name}: HTTP probes"));
+                let path = get.path.as_deref().expect("probe path");
+                let IntOrString::String(port) = &get.port else {
+                    panic!("{what}: {name}: probe ports by name");
+                };
+                container_port(c, port);
+                let router = if kind == "DaemonSet" {
+                    agent()
+                } else {
+                    controller()
+                };
+                assert_eq!(status(router, path).await, 200, "{what}: {name} {path}");
+            }
+        }
+    }
+    // A probe on a route that does not exist must be caught.
+    assert_eq!(status(agent(), "/readyz").await, 404);
+}
+
+fn venv() -> PathBuf {
+    match std::env::var_os("WARDEN_VENV") {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/warden/venv")
+        }
+    }
+}
+
+#[test]
+fn kubernetes_validate_accepts_every_object() {
+    let exe = venv().join("bin/kubernetes-validate");
+    if !exe.exists() {
+        let msg = format!(
+            "{} is missing: run scripts/test, which installs kubernetes-validate",
+            exe.display()
+        );
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{msg}");
+        eprintln!("NOT CHECKED against the Kubernetes schemas: {msg}");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut files = plain_files();
+    for (name, text) in render(&chart_values()) {
+        let p = dir.path().join(format!("chart-{name}"));
+        std::fs::write(&p, text).expect("write rendered template");
+        files.push(p);
+    }
+    let expected = plain().len() + chart().len();
+    let crds = plain()
+        .iter()
+        .chain(chart().iter())
+        .filter(|o| o.kind() == "ServiceMonitor")
+        .count();
+    let out = std::process::Command::new(&exe)
+        .args(["--strict", "-k", KUBERNETES_VERSION])
+        .args(&files)
+        .output()
+        .expect("kubernetes-validate runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "kubernetes-validate failed:\n{text}");
+    let passed = text
+        .lines()
+        .filter(|l| l.contains(" passed for resource "))
+        .count();
+    let skipped: Vec<&str> = text.lines().filter(|l| l.starts_with("WARN")).collect();
+    assert!(
+        skipped.iter().all(|l| l.contains("kind ServiceMonitor")),
+        "only the ServiceMonitor CRD lacks a schema (it is checked by k8s::ServiceMonitor):\n{text}"
+    );
+    assert_eq!(skipped.len(), crds, "{text}");
+    assert_eq!(
+        passed + crds,
+        expected,
+        "every object was validated:\n{text}"
+    );
+}
+
+/// (dotted path, preceded by a comment) of every key in values.yaml.
+fn values_keys(text: &str) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    let mut block: Option<usize> = None;
+    let mut prev_comment = false;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let t = line.trim();
+        if let Some(b) = block {
+            if t.is_empty() || indent > b {
+                continue;
+            }
+            block = None;
+        }
+        if t.is_empty() {
+            prev_comment = false;
+            continue;
+        }
+        if t.starts_with('#') {
+            prev_comment = true;
+            continue;
+        }
+        let commented = std::mem::take(&mut prev_comment);
+        if t.starts_with("- ") {
+            continue;
+        }
+        let Some((key, rest)) = t.split_once(':') else {
+            continue;
+        };
+        while stack.last().is_some_and(|(i, _)| *i >= indent) {
+            stack.pop();
+        }
+        let path: Vec<&str> = stack.iter().map(|(_, k)| k.as_str()).chain([key]).collect();
+        out.push((path.join("."), commented));
+        stack.push((indent, key.to_owned()));
+        if rest.trim().starts_with('|') || rest.trim().starts_with('>') {
+            block = Some(indent);
+        }
+    }
+    out
+}
+
+#[test]
+fn every_chart_value_is_documented_and_used() {
+    let keys = values_keys(&read(&chart_dir().join("values.yaml")));
+    let re = regex::Regex::new(r"\.Values\.([A-Za-z0-9_.]+)").expect("regex");
+    let mut used = BTreeSet::new();
+    for entry in std::fs::read_dir(chart_dir().join("templates")).expect("templates") {
+        let path = entry.expect("entry").path();
+        for c in re.captures_iter(&read(&path)) {
+            used.insert(c[1].to_owned());
+        }
+    }
+    assert!(!used.is_empty());
+    let mut problems = Vec::new();
+    for u in &used {
+        match keys.iter().find(|(k, _)| k == u) {
+            None => problems.push(format!("{u}: used by a template, not in values.yaml")),
+            Some((_, false)) => problems.push(format!("{u}: no comment says what it is")),
+            Some(_) => {}
+        }
+    }
+    for (k, _) in &keys {
+        let reached = used
+            .iter()
+            .any(|u| u == k || k.starts_with(&format!("{u}.")) || u.starts_with(&format!("{k}.")));
+        if !reached {
+            problems.push(format!("{k}: in values.yaml but no template uses it"));
+        }
+    }
+    assert!(problems.is_empty(), "values.yaml:\n{}", problems.join("\n"));
+}

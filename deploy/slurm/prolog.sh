@@ -1,0 +1,1 @@
+warden-job-hook.sh

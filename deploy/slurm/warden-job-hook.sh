@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Tell the Warden controller that a Slurm job starts or ends: its id, name, nodes and
+# ranks, as POST /api/v1/jobs/{job}/lifecycle (docs/API.md). The Warden job is the
+# Slurm job id, the name the agents give lines of `slurm-<job id>.out`.
+#
+# Install it once and name it in slurm.conf for both hooks (docs/DEPLOY.md):
+#   PrologSlurmctld=/usr/local/libexec/warden/warden-job-hook.sh
+#   EpilogSlurmctld=/usr/local/libexec/warden/warden-job-hook.sh
+# It tells start from end by SLURM_SCRIPT_CONTEXT, by its own name (prolog.sh and
+# epilog.sh here are links to it) or by an argument (`start` or `end`).
+#
+# It never fails the job: every error, an unreachable controller included, is logged
+# (syslog and stderr) and the hook exits 0 within WARDEN_HOOK_TIMEOUT_SECS or so.
+set -euo pipefail
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+log() {
+    printf 'warden-job-hook: %s\n' "$*" >&2
+    logger -t warden-job-hook -- "$*" 2>/dev/null || true
+}
+
+event=""
+finish() {
+    local rc=$?
+    if ((rc != 0)); then
+        log "job ${SLURM_JOB_ID:-?} not reported (${event:-unknown event}, status $rc); the job goes on"
+    fi
+    exit 0
+}
+trap finish EXIT
+
+# A JSON string: backslash, quote and control characters escaped or dropped.
+json_string() {
+    local s=$1
+    s=${s//\\/\\\\}
+    s=${s//\"/\\\"}
+    s=${s//$'\t'/\\t}
+    s=${s//$'\n'/\\n}
+    s=${s//$'\r'/\\r}
+    s=$(printf '%s' "$s" | tr -d '\000-\037')
+    printf '"%s"' "$s"
+}
+
+conf=${WARDEN_HOOK_CONFIG:-/etc/warden/slurm-hook.env}
+if [[ -r $conf ]]; then
+    # shellcheck source=slurm-hook.env
+    source "$conf"
+fi
+url=${WARDEN_CONTROLLER_URL:-http://warden-controller:9460}
+timeout_secs=${WARDEN_HOOK_TIMEOUT_SECS:-5}
+token_file=${WARDEN_TOKEN_FILE:-/etc/warden/hook-token}
+scontrol=${WARDEN_SCONTROL:-scontrol}
+
+case "${1:-}" in
+start | end) event=$1 ;;
+"")
+    case "${SLURM_SCRIPT_CONTEXT:-}" in
+    prolog_slurmctld | prolog_slurmd) event=start ;;
+    epilog_slurmctld | epilog_slurmd) event=end ;;
+    *)
+        case "$(basename "$0")" in
+        *prolog*) event=start ;;
+        *epilog*) event=end ;;
+        esac
+        ;;
+    esac
+    ;;
+esac
+if [[ -z $event ]]; then
+    log "cannot tell start from end (no argument, SLURM_SCRIPT_CONTEXT=${SLURM_SCRIPT_CONTEXT:-unset})"
+    exit 0
+fi
+
+job_id=${SLURM_JOB_ID:-}
+if [[ ! $job_id =~ ^[0-9]+$ ]]; then
+    log "SLURM_JOB_ID is not a job id: '${job_id}'"
+    exit 0
+fi
+
+# Nodes: the compact list (gpu[01-04]) expanded by scontrol.
+nodes_json="[]"
+if [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
+    if hosts=$(timeout "$timeout_secs" "$scontrol" show hostnames "$SLURM_JOB_NODELIST"); then
+        nodes_json=""
+        while IFS= read -r h; do
+            [[ -n $h ]] || continue
+            nodes_json+="${nodes_json:+,}$(json_string "$h")"
+        done <<<"$hosts"
+        nodes_json="[${nodes_json}]"
+    else
+        log "scontrol show hostnames '$SLURM_JOB_NODELIST' failed; reporting no nodes"
+    fi
+fi
+
+# Ranks: the job's task count, from the environment or from scontrol.
+ranks="null"
+if [[ ${SLURM_NTASKS:-} =~ ^[0-9]+$ ]]; then
+    ranks=$SLURM_NTASKS
+elif info=$(timeout "$timeout_secs" "$scontrol" show job -o "$job_id" 2>/dev/null); then
+    if [[ $info =~ (^|[[:space:]])NumTasks=([0-9]+) ]]; then
+        ranks=${BASH_REMATCH[2]}
+    fi
+fi
+
+body=$(printf '{"event":"%s","scheduler":"slurm","scheduler_job_id":"%s","name":%s,"nodes":%s,"ranks":%s}' \
+    "$event" "$job_id" "$(json_string "${SLURM_JOB_NAME:-}")" "$nodes_json" "$ranks")
+
+headers=(-H "Content-Type: application/json")
+if [[ -r $token_file ]]; then
+    # Through a file descriptor, so the token never shows in the process list.
+    exec 3< <(printf 'Authorization: Bearer %s\n' "$(tr -d '[:space:]' <"$token_file")")
+    headers+=(-H @/dev/fd/3)
+fi
+
+if ! code=$(curl --silent --show-error --output /dev/null --write-out '%{http_code}' \
+    --connect-timeout 2 --max-time "$timeout_secs" -X POST "${headers[@]}" \
+    --data-binary "$body" "${url%/}/api/v1/jobs/${job_id}/lifecycle"); then
+    log "controller at $url unreachable; job $job_id ($event) not reported"
+    exit 0
+fi
+case "$code" in
+2??) log "reported job $job_id: $event" ;;
+404) log "controller at $url answered 404: it has no job lifecycle endpoint yet; job $job_id ($event) not reported" ;;
+*) log "controller at $url answered $code; job $job_id ($event) not reported" ;;
+esac
+exit 0
