@@ -80,7 +80,7 @@ impl AgentMetrics {
         let records_dropped = counter_vec(
             r,
             "warden_agent_records_dropped_total",
-            "Records the agent dropped, by reason (buffer_full, pending_full, refused).",
+            "Records the agent dropped, by reason (buffer_full, pending_full, refused, log_rate).",
             &["reason"],
         )?;
         let collector_up = IntGaugeVec::new(

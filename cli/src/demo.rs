@@ -70,6 +70,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
 
     let mut server = None;
     let mut api_addr = None;
+    let mut metrics = None;
     if !args.no_api {
         let listener = match TcpListener::bind(args.listen).await {
             Ok(l) => l,
@@ -85,11 +86,13 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
             }
         };
         let addr = listener.local_addr().context("reading the bound address")?;
-        let metrics = Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?;
+        let served =
+            Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
+        metrics = Some(served.clone());
         let state = ApiState {
             engine: engine.clone(),
             clock: clock.clone(),
-            metrics: Arc::new(metrics),
+            metrics: served,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
         };
         let (stop, stopped) = oneshot::channel::<()>();
@@ -128,7 +131,13 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         let target = started.elapsed().as_secs_f64() * args.speed;
         let mut changes = sim.advance(&mut sink, target);
         clock.set(SIM_EPOCH.plus_secs(sim.now()));
-        diagnose_opened(&engine, &rules, &mut changes, clock.now());
+        diagnose_opened(
+            &engine,
+            &rules,
+            metrics.as_deref(),
+            &mut changes,
+            clock.now(),
+        );
 
         let (shown, open) = {
             let e = engine.lock();
@@ -169,10 +178,12 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
 
 /// Diagnose each newly opened incident from the log lines the controller holds (the
 /// simulated cluster has no agents to pull windows from) and note the diagnosis as a
-/// change of its own.
+/// change of its own. Counted in `metrics` as the controller's diagnosis worker counts
+/// its own (`warden_diagnoses_total`, `warden_diagnosis_duration_seconds`).
 fn diagnose_opened(
     engine: &SharedEngine,
     rules: &RuleSet,
+    metrics: Option<&Metrics>,
     changes: &mut Vec<warden_controller::IncidentChange>,
     now: Timestamp,
 ) {
@@ -189,7 +200,17 @@ fn diagnose_opened(
         if req.held.is_empty() {
             continue;
         }
+        let started = Instant::now();
         let d = diagnosis::diagnose_held(rules, &req);
+        if let Some(m) = metrics {
+            m.diagnosis_seconds.observe(started.elapsed().as_secs_f64());
+            let result = if d.category.is_some() {
+                "category"
+            } else {
+                "none"
+            };
+            m.diagnoses.with_label_values(&["rules", result]).inc();
+        }
         if let Some(c) = e.attach_diagnosis(&id, d, now) {
             changes.push(c);
         }
