@@ -20,6 +20,7 @@ use warden_model::{IncidentKind, IncidentState};
 
 use crate::clock::Clock;
 use crate::engine::{Encoding, SharedEngine};
+use crate::lifecycle::{self, Applied, Phase};
 use crate::metrics::{self, Metrics};
 use crate::view::{IncidentView, JobView, RankView};
 
@@ -35,6 +36,10 @@ pub const BINARY_CONTENT_TYPES: &[&str] = &[
     "application/octet-stream",
     "application/x-protobuf",
 ];
+
+/// Largest lifecycle report body accepted, bytes: room for
+/// [`lifecycle::MAX_NODES`] node names of ordinary length.
+pub const LIFECYCLE_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// What every handler shares.
 #[derive(Debug, Clone)]
@@ -96,6 +101,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/incidents/{id}", get(get_incident))
         .route("/api/v1/jobs", get(list_jobs))
         .route("/api/v1/jobs/{job}/ranks", get(job_ranks))
+        .route(
+            "/api/v1/jobs/{job}/lifecycle",
+            post(job_lifecycle).layer(DefaultBodyLimit::max(LIFECYCLE_MAX_BYTES)),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
@@ -275,6 +284,80 @@ async fn job_ranks(
     ranks
         .map(Json)
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no job {job:?}")))
+}
+
+/// The answer to an accepted lifecycle report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LifecycleResponse {
+    /// The Warden job.
+    pub job: String,
+    /// `start` or `end`.
+    pub event: String,
+    /// The job's phase now.
+    pub phase: Phase,
+    /// Whether the job already was in that phase (nothing changed).
+    pub repeat: bool,
+}
+
+#[tracing::instrument(name = "lifecycle", skip_all, fields(job))]
+async fn job_lifecycle(
+    State(s): State<ApiState>,
+    job: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<LifecycleResponse>), ApiError> {
+    let Path(job) = job.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
+    tracing::Span::current().record("job", job.as_str());
+    if !matches!(encoding_of(&headers), Ok(Encoding::Json)) {
+        let got = headers
+            .get(header::CONTENT_TYPE)
+            .map_or("(none)", |v| v.to_str().unwrap_or("(not text)"));
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("unsupported content type {got:?}; a lifecycle report is application/json"),
+        ));
+    }
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("lifecycle report is larger than the {LIFECYCLE_MAX_BYTES}-byte limit"),
+            ));
+        }
+        Err(rejection) => return Err(ApiError::new(rejection.status(), rejection.body_text())),
+    };
+    let refuse = |e: lifecycle::LifecycleError| {
+        tracing::debug!(error = %e, "lifecycle report refused");
+        ApiError::new(StatusCode::BAD_REQUEST, e.0)
+    };
+    lifecycle::check_job_name(&job).map_err(refuse)?;
+    let report = lifecycle::parse(&body).map_err(refuse)?;
+    let now = s.clock.now();
+    let mut engine = s.engine.lock();
+    let applied = engine.lifecycle(&job, &report, now);
+    let phase = engine.job_phase(&job).unwrap_or(match report.event {
+        lifecycle::LifecycleEvent::Start => Phase::Running,
+        lifecycle::LifecycleEvent::End => Phase::Ended,
+    });
+    drop(engine);
+    tracing::info!(
+        event = report.event.as_str(),
+        scheduler = %report.scheduler,
+        scheduler_job_id = %report.scheduler_job_id,
+        nodes = report.nodes.len(),
+        repeat = applied == Applied::Repeat,
+        "job lifecycle"
+    );
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(LifecycleResponse {
+            job,
+            event: report.event.as_str().to_owned(),
+            phase,
+            repeat: applied == Applied::Repeat,
+        }),
+    ))
 }
 
 async fn healthz() -> &'static str {

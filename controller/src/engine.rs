@@ -15,6 +15,7 @@ use warden_model::{
 
 use crate::detect::{DetectConfig, Detectors};
 use crate::incidents::IncidentBook;
+use crate::lifecycle::{Applied, LifecycleEvent, LifecycleReport};
 use crate::state::{Cluster, GpuTrouble, JobState, NO_NODE, RankProgress};
 use crate::view::{IncidentView, JobView, RankView};
 
@@ -59,6 +60,9 @@ pub struct EngineStats {
     pub detection_latency_s: Vec<(IncidentKind, f64)>,
     /// Lag between agent send time (corrected for clock offset) and receipt, last batch.
     pub ingest_lag_s: f64,
+    /// Scheduler lifecycle reports accepted (repeats included), by event and scheduler
+    /// label ([`LifecycleReport::metric_scheduler`]).
+    pub lifecycle_events: BTreeMap<(&'static str, &'static str), u64>,
 }
 
 /// What changed about an incident during a tick.
@@ -151,6 +155,45 @@ impl Engine {
     pub fn apply(&mut self, batch: Batch, received_at: Timestamp) -> usize {
         self.stats.batches += 1;
         self.cluster.apply(batch, received_at, &mut self.stats)
+    }
+
+    /// Apply a scheduler's report that `job` started or ended, received at `now`
+    /// (`POST /api/v1/jobs/{job}/lifecycle`). Creates the job's state when no agent
+    /// reported it yet; a repeat changes nothing. An end stops new hang, straggler and
+    /// slow-link findings for the job, and crash and NaN findings whose onset is after
+    /// it (its teardown), and is noted on the timeline of its open incidents.
+    pub fn lifecycle(&mut self, job: &str, report: &LifecycleReport, now: Timestamp) -> Applied {
+        let applied = self.cluster.apply_lifecycle(job, report, now);
+        *self
+            .stats
+            .lifecycle_events
+            .entry((report.event.as_str(), report.metric_scheduler()))
+            .or_default() += 1;
+        if applied == Applied::Changed {
+            let what = match report.event {
+                LifecycleEvent::Start => format!(
+                    "{} job {} started on {} node(s)",
+                    report.scheduler,
+                    report.scheduler_job_id,
+                    report.nodes.len()
+                ),
+                LifecycleEvent::End => format!(
+                    "{} job {} ended: no new hang, straggler or slow-link findings for it",
+                    report.scheduler, report.scheduler_job_id
+                ),
+            };
+            self.book.note_job(job, &what, now);
+        }
+        applied
+    }
+
+    /// The phase a scheduler reported for `job` (`None`: unknown job, or no report).
+    pub fn job_phase(&self, job: &str) -> Option<crate::lifecycle::Phase> {
+        self.cluster
+            .jobs
+            .get(job)
+            .and_then(|j| j.lifecycle.as_ref())
+            .map(crate::lifecycle::JobLifecycle::phase)
     }
 
     /// Run every detector at `now` and fold their findings into incidents.
@@ -298,7 +341,7 @@ impl Engine {
 
     /// Jobs known to the engine.
     pub fn job_views(&self) -> Vec<JobView> {
-        let mut v = self.cluster.job_views();
+        let mut v = self.cluster.job_views(self.origin);
         for j in &mut v {
             j.open_incidents = self
                 .book
@@ -421,5 +464,65 @@ mod tests {
         assert_eq!(e.job_views().len(), 1);
         e.tick(t.plus_secs(RETENTION_SECS + 60.0));
         assert!(e.job_views().is_empty());
+    }
+
+    fn report(event: &str) -> crate::lifecycle::LifecycleReport {
+        crate::lifecycle::parse(
+            format!(
+                r#"{{"event":"{event}","scheduler":"slurm","scheduler_job_id":"4242",
+                    "name":"llama","nodes":["gpu01","gpu02"],"ranks":16}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("valid report")
+    }
+
+    #[test]
+    fn a_scheduler_report_creates_the_job_and_its_end_is_shown() {
+        use crate::lifecycle::{Applied, Phase};
+        let t = Timestamp::from_secs_f64(1e9);
+        let mut e = Engine::new(EngineConfig::default(), t);
+        assert_eq!(
+            e.lifecycle("4242", &report("start"), t.plus_secs(1.0)),
+            Applied::Changed
+        );
+        assert_eq!(
+            e.lifecycle("4242", &report("start"), t.plus_secs(2.0)),
+            Applied::Repeat
+        );
+        let v = e.job_views();
+        assert_eq!(v.len(), 1);
+        let j = &v[0];
+        assert_eq!((j.job.as_str(), j.ranks, j.nodes), ("4242", 0, 0));
+        assert_eq!(j.scheduler.as_deref(), Some("slurm"));
+        assert_eq!(j.scheduler_job_id.as_deref(), Some("4242"));
+        assert_eq!(j.scheduler_job_name.as_deref(), Some("llama"));
+        assert_eq!(j.phase, Some(Phase::Running));
+        assert_eq!((j.started_s, j.ended_s), (Some(1.0), None));
+        assert_eq!(j.expected_nodes, ["gpu01", "gpu02"]);
+        assert_eq!(j.expected_ranks, Some(16));
+
+        // A running job outlives the usual retention without any agent report.
+        e.tick(t.plus_secs(RETENTION_SECS + 120.0));
+        assert_eq!(e.job_phase("4242"), Some(Phase::Running));
+
+        let end = t.plus_secs(RETENTION_SECS + 130.0);
+        assert_eq!(e.lifecycle("4242", &report("end"), end), Applied::Changed);
+        let j = &e.job_views()[0];
+        assert_eq!(j.phase, Some(Phase::Ended));
+        assert_eq!(j.ended_s, Some(RETENTION_SECS + 130.0));
+        assert_eq!(
+            e.stats().lifecycle_events.get(&("start", "slurm")),
+            Some(&2),
+            "repeats are counted"
+        );
+        // An ended job is forgotten like any other.
+        e.tick(end.plus_secs(RETENTION_SECS + 60.0));
+        assert!(e.job_views().is_empty());
+
+        // An end for a job nobody reported records the end alone.
+        e.lifecycle("99", &report("end"), end);
+        assert_eq!(e.job_phase("99"), Some(Phase::Ended));
+        assert_eq!(e.job_views()[0].started_s, None);
     }
 }

@@ -152,6 +152,20 @@ impl IncidentBook {
         })
     }
 
+    /// Add `what` to the timeline of every unresolved incident of `job` (a scheduler
+    /// said the job started or ended). Returns how many incidents got the note.
+    pub fn note_job(&mut self, job: &str, what: &str, now: Timestamp) -> usize {
+        let mut n = 0;
+        for inc in &mut self.incidents {
+            if inc.state != IncidentState::Resolved && inc.job.as_deref() == Some(job) {
+                inc.updated_at = now;
+                push_timeline(inc, now, what.to_owned());
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// Fold one pass of findings in at `now`; returns what changed.
     pub fn fold(&mut self, verdicts: Verdicts, now: Timestamp) -> Vec<IncidentChange> {
         let mut findings = verdicts.findings;
@@ -542,6 +556,37 @@ mod tests {
         assert!(
             b.attach_diagnosis("inc-none", IncidentDiagnosis::default(), t(3.0))
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn a_job_note_goes_on_the_jobs_unresolved_incidents_only() {
+        let mut b = IncidentBook::default();
+        let open = fold(
+            &mut b,
+            1.0,
+            vec![finding(IncidentKind::Hang, &[3], "node-01", None, 0.0, 0.9)],
+        )[0]
+        .id
+        .clone();
+        let mut other = finding(IncidentKind::Straggler, &[1], "node-02", None, 0.0, 0.9);
+        other.job = Some("k".into());
+        fold(&mut b, 1.0, vec![other]);
+        assert_eq!(b.note_job("j", "slurm job 7 ended", t(2.0)), 1);
+        let inc = b.get(&open).expect("incident");
+        assert_eq!(
+            inc.timeline.last().map(|e| (e.what.as_str(), e.at)),
+            Some(("slurm job 7 ended", t(2.0)))
+        );
+        fold(&mut b, 30.0, vec![]);
+        assert_eq!(
+            b.get(&open).expect("incident").state,
+            IncidentState::Resolved
+        );
+        assert_eq!(
+            b.note_job("j", "again", t(31.0)),
+            0,
+            "resolved ones are left alone"
         );
     }
 

@@ -9,6 +9,7 @@ pub mod detect;
 pub mod diagnosis;
 pub mod engine;
 pub mod incidents;
+pub mod lifecycle;
 pub mod metrics;
 pub mod state;
 pub mod view;

@@ -49,6 +49,7 @@ struct Seen {
     batch_gaps: u64,
     ticks: u64,
     rejected: FxHashMap<&'static str, u64>,
+    lifecycle: FxHashMap<(&'static str, &'static str), u64>,
     findings: FxHashMap<IncidentKind, u64>,
     incidents: FxHashMap<IncidentKind, u64>,
     latencies: usize,
@@ -62,6 +63,7 @@ pub struct Metrics {
     batches: IntCounter,
     bytes: IntCounter,
     rejected: IntCounterVec,
+    lifecycle: IntCounterVec,
     collective_events: IntCounter,
     records: IntCounter,
     stale_records: IntCounter,
@@ -330,6 +332,17 @@ impl Metrics {
                 "Batches rejected, by reason.",
                 "reason",
             )?,
+            lifecycle: {
+                let c = IntCounterVec::new(
+                    Opts::new(
+                        "warden_job_lifecycle_events_total",
+                        "Job start and end reports accepted from schedulers, by event and scheduler.",
+                    ),
+                    &["event", "scheduler"],
+                )?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
             collective_events: counter(
                 &r,
                 "warden_ingest_collective_events_total",
@@ -444,6 +457,11 @@ impl Metrics {
             seen: Mutex::new(Seen::default()),
         };
         // Every kind is present from the start, so dashboards and alerts see zeros.
+        for scheduler in crate::lifecycle::METRIC_SCHEDULERS {
+            for event in ["start", "end"] {
+                m.lifecycle.with_label_values(&[event, scheduler]);
+            }
+        }
         for kind in IncidentKind::ALL {
             let k = kind.as_str();
             m.findings.with_label_values(&[k]);
@@ -478,6 +496,14 @@ impl Metrics {
         for (reason, n) in &s.rejected {
             let before = seen.rejected.entry(reason).or_default();
             advance(&self.rejected.with_label_values(&[reason]), before, *n);
+        }
+        for (&(event, scheduler), n) in &s.lifecycle_events {
+            let before = seen.lifecycle.entry((event, scheduler)).or_default();
+            advance(
+                &self.lifecycle.with_label_values(&[event, scheduler]),
+                before,
+                *n,
+            );
         }
         for (kind, n) in &s.findings {
             let before = seen.findings.entry(*kind).or_default();

@@ -13,7 +13,8 @@ use warden_model::wire::{
 use warden_model::{CommId, Timestamp};
 
 use crate::engine::EngineStats;
-use crate::view::{CommProgressView, JobView, RankView};
+use crate::lifecycle::{Applied, JobLifecycle, LifecycleReport, Phase};
+use crate::view::{CommProgressView, JobView, RankView, rel};
 
 /// "No node" in [`RankState::node`].
 pub const NO_NODE: u32 = u32::MAX;
@@ -30,6 +31,9 @@ pub const WAIT_RING: usize = 64;
 const OFFSET_SAMPLES: usize = 32;
 /// Node events remembered per boot for deduplication before the set is reset.
 const MAX_SEEN_EVENTS: usize = 65_536;
+/// A job its scheduler says is running is forgotten only after this long without any
+/// report, seconds (a lost end must not keep it forever).
+pub const RUNNING_RETENTION_SECS: f64 = 7.0 * 86_400.0;
 
 /// A fixed-size ring of the most recent samples.
 #[derive(Debug, Clone)]
@@ -404,11 +408,20 @@ pub struct JobState {
     /// Communicators.
     pub comms: Vec<CommState>,
     comm_index: FxHashMap<u64, u32>,
-    /// When a batch last carried anything about this job (controller clock).
+    /// When a batch or a scheduler's report last carried anything about this job
+    /// (controller clock).
     pub last_heard: Timestamp,
+    /// What its scheduler said about its start and end, if anything.
+    pub lifecycle: Option<JobLifecycle>,
 }
 
 impl JobState {
+    /// When its scheduler said it ended (`None` while running or when no scheduler
+    /// reported).
+    pub fn ended_at(&self) -> Option<Timestamp> {
+        self.lifecycle.as_ref().and_then(|l| l.ended_at)
+    }
+
     fn rank_mut(&mut self, rank: u32) -> &mut RankState {
         let i = rank as usize;
         if i >= self.ranks.len() {
@@ -776,11 +789,45 @@ impl Cluster {
         n + js.collectives.len()
     }
 
+    /// Apply a scheduler's report about `job` received at `now`, creating the job's
+    /// state when no agent reported it yet.
+    pub fn apply_lifecycle(
+        &mut self,
+        job: &str,
+        report: &LifecycleReport,
+        now: Timestamp,
+    ) -> Applied {
+        let js = self.jobs.entry(job.to_owned()).or_insert_with(|| JobState {
+            name: job.to_owned(),
+            ..JobState::default()
+        });
+        js.last_heard = js.last_heard.max(now);
+        if js.world_size == 0 {
+            js.world_size = report.ranks.unwrap_or(0);
+        }
+        match &mut js.lifecycle {
+            Some(l) => l.apply(report, now),
+            None => {
+                js.lifecycle = Some(JobLifecycle::new(report, now));
+                Applied::Changed
+            }
+        }
+    }
+
     /// Forget jobs nobody reported on, and hardware trouble nothing was seen of, for
-    /// `retention_secs`: a controller runs for months while jobs come and go.
+    /// `retention_secs`: a controller runs for months while jobs come and go. A job its
+    /// scheduler said is running is kept for [`RUNNING_RETENTION_SECS`] (a job with no
+    /// agent reporting, or a quiet one, is still running until its end comes).
     pub fn forget_older_than(&mut self, now: Timestamp, retention_secs: f64) {
-        self.jobs
-            .retain(|_, j| now.secs_since(j.last_heard) < retention_secs);
+        self.jobs.retain(|_, j| {
+            let keep = match &j.lifecycle {
+                Some(l) if l.phase() == Phase::Running => {
+                    retention_secs.max(RUNNING_RETENTION_SECS)
+                }
+                _ => retention_secs,
+            };
+            now.secs_since(j.last_heard) < keep
+        });
         self.gpu_trouble
             .retain(|_, t| now.secs_since(t.last_at) < retention_secs);
     }
@@ -861,8 +908,8 @@ impl Cluster {
         Some(out)
     }
 
-    /// Summaries of all jobs.
-    pub fn job_views(&self) -> Vec<JobView> {
+    /// Summaries of all jobs, times relative to `origin`.
+    pub fn job_views(&self, origin: Timestamp) -> Vec<JobView> {
         let mut v: Vec<JobView> = self
             .jobs
             .values()
@@ -875,6 +922,8 @@ impl Cluster {
                     .collect();
                 nodes.sort_unstable();
                 nodes.dedup();
+                let l = j.lifecycle.as_ref();
+                let at = |t: Option<Timestamp>| t.map(|t| rel(t, origin));
                 JobView {
                     job: j.name.clone(),
                     ranks: j.known_ranks() as u32,
@@ -884,6 +933,15 @@ impl Cluster {
                     step: j.ranks.iter().filter_map(|r| r.step).max(),
                     iteration_s: j.iteration_secs(),
                     open_incidents: 0,
+                    scheduler: l.map(|l| l.scheduler.clone()),
+                    scheduler_job_id: l.map(|l| l.scheduler_job_id.clone()),
+                    scheduler_job_name: l.map(|l| l.name.clone()).filter(|n| !n.is_empty()),
+                    phase: l.map(JobLifecycle::phase),
+                    started_s: at(l.and_then(|l| l.started_at)),
+                    ended_s: at(l.and_then(|l| l.ended_at)),
+                    expected_nodes: l.map(|l| l.nodes.clone()).unwrap_or_default(),
+                    expected_ranks: l.and_then(|l| l.ranks),
+                    restarts: l.map_or(0, |l| l.restarts),
                 }
             })
             .collect();

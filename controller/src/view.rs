@@ -3,6 +3,8 @@
 //! start in simulation, the Unix epoch in production).
 
 use serde::{Deserialize, Serialize};
+
+use crate::lifecycle::Phase;
 use warden_model::{
     GpuRef, Incident, IncidentDiagnosis, IncidentKind, IncidentState, Severity, Timestamp,
 };
@@ -66,7 +68,8 @@ pub struct TimelineView {
     pub what: String,
 }
 
-fn rel(t: Timestamp, origin: Timestamp) -> f64 {
+/// `t` in seconds since `origin`, to the millisecond.
+pub(crate) fn rel(t: Timestamp, origin: Timestamp) -> f64 {
     // Millisecond precision is what people and scorers need.
     (t.secs_since(origin) * 1000.0).round() / 1000.0
 }
@@ -174,4 +177,31 @@ pub struct JobView {
     pub iteration_s: Option<f64>,
     /// Open incidents of this job.
     pub open_incidents: u32,
+    /// The scheduler that reported the job's start or end (`slurm`, ...), if any.
+    #[serde(default)]
+    pub scheduler: Option<String>,
+    /// The scheduler's id of the job.
+    #[serde(default)]
+    pub scheduler_job_id: Option<String>,
+    /// The job's name as the scheduler has it.
+    #[serde(default)]
+    pub scheduler_job_name: Option<String>,
+    /// `running` or `ended` as the scheduler said; `None` when no scheduler reported.
+    #[serde(default)]
+    pub phase: Option<Phase>,
+    /// When the scheduler said it started (seconds since origin).
+    #[serde(default)]
+    pub started_s: Option<f64>,
+    /// When the scheduler said it ended (seconds since origin).
+    #[serde(default)]
+    pub ended_s: Option<f64>,
+    /// Nodes the scheduler allocated to it.
+    #[serde(default)]
+    pub expected_nodes: Vec<String>,
+    /// Ranks (tasks) the scheduler says it runs.
+    #[serde(default)]
+    pub expected_ranks: Option<u32>,
+    /// Times it started again after an end (a requeue).
+    #[serde(default)]
+    pub restarts: u32,
 }

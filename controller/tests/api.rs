@@ -412,3 +412,139 @@ async fn metrics_export_job_and_rank_progress_labelled_job_name() {
         None
     );
 }
+
+fn lifecycle(job: &str, body: &str, content_type: Option<&str>) -> Request<Body> {
+    let mut r = Request::post(format!("/api/v1/jobs/{job}/lifecycle"));
+    if let Some(ct) = content_type {
+        r = r.header(header::CONTENT_TYPE, ct);
+    }
+    r.body(Body::from(body.to_owned())).expect("request")
+}
+
+const START: &str = r#"{"event":"start","scheduler":"slurm","scheduler_job_id":"4242",
+    "name":"llama-70b","nodes":["gpu01","gpu02"],"ranks":16}"#;
+const END: &str = r#"{"event":"end","scheduler":"slurm","scheduler_job_id":"4242",
+    "name":"llama-70b","nodes":["gpu01","gpu02"],"ranks":16}"#;
+
+async fn job_view(app: &Router, job: &str) -> Value {
+    let (status, v) = send_json(app, get("/api/v1/jobs")).await;
+    assert_eq!(status, StatusCode::OK);
+    v.as_array()
+        .expect("array")
+        .iter()
+        .find(|j| j["job"] == job)
+        .cloned()
+        .unwrap_or_else(|| panic!("no job {job} in {v}"))
+}
+
+#[tokio::test]
+async fn lifecycle_start_and_end_show_in_the_jobs_list_and_repeats_change_nothing() {
+    let app = app();
+    let json = Some("application/json");
+    let (status, v) = send_json(&app, lifecycle("4242", START, json)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(
+        v,
+        serde_json::json!({"job": "4242", "event": "start", "phase": "running", "repeat": false})
+    );
+    let j = job_view(&app, "4242").await;
+    assert_eq!(j["scheduler"], "slurm", "{j}");
+    assert_eq!(j["scheduler_job_id"], "4242");
+    assert_eq!(j["scheduler_job_name"], "llama-70b");
+    assert_eq!(j["phase"], "running");
+    assert_eq!(j["expected_nodes"], serde_json::json!(["gpu01", "gpu02"]));
+    assert_eq!(j["expected_ranks"], 16);
+    assert_eq!(j["ended_s"], Value::Null);
+    let started = j["started_s"].as_f64().expect("started_s");
+
+    let (status, v) = send_json(&app, lifecycle("4242", START, json)).await;
+    assert_eq!(
+        (status, &v["repeat"]),
+        (StatusCode::ACCEPTED, &Value::Bool(true))
+    );
+    assert_eq!(job_view(&app, "4242").await["started_s"], started);
+
+    for repeat in [false, true] {
+        let (status, v) = send_json(&app, lifecycle("4242", END, json)).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+        assert_eq!(
+            (&v["phase"], &v["repeat"]),
+            (&"ended".into(), &repeat.into())
+        );
+    }
+    let j = job_view(&app, "4242").await;
+    assert_eq!(j["phase"], "ended");
+    assert!(j["ended_s"].is_f64(), "{j}");
+
+    // A job the agents know gets the scheduler's view added.
+    let (status, _) = send(&app, post(batch().encode_json(), json)).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = send(&app, lifecycle("llama", START, json)).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let j = job_view(&app, "llama").await;
+    assert_eq!(
+        (j["ranks"].as_u64(), &j["phase"]),
+        (Some(8), &"running".into())
+    );
+
+    let text = metrics_text(&app).await;
+    let name = r#"warden_job_lifecycle_events_total{event="start",scheduler="slurm"}"#;
+    assert_eq!(series(&text, name), Some(3.0), "{text}");
+    let name = r#"warden_job_lifecycle_events_total{event="end",scheduler="slurm"}"#;
+    assert_eq!(series(&text, name), Some(2.0), "{text}");
+}
+
+#[tokio::test]
+async fn lifecycle_refusals_are_400_or_415_and_name_the_problem() {
+    let app = app();
+    let json = Some("application/json");
+    let cases = [
+        ("4242", START.replace("\"start\"", "\"pause\""), "`event`"),
+        (
+            "4242",
+            START.replace(r#"["gpu01","gpu02"]"#, "[]"),
+            "`nodes`",
+        ),
+        ("4242", START.replace(r#""gpu02""#, r#""""#), "`nodes[1]`"),
+        (
+            "4242",
+            START.replace(r#""ranks":16"#, r#""ranks":-1"#),
+            "`ranks`",
+        ),
+        ("4242", START.replace(r#""slurm""#, "7"), "`scheduler`"),
+        ("4242", "{".to_owned(), "body"),
+        ("bad%20name", START.to_owned(), "job name"),
+        ("%07", START.to_owned(), "job name"),
+    ];
+    for (job, body, needle) in cases {
+        let (status, v) = send_json(&app, lifecycle(job, &body, json)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{job} {body}: {v}");
+        let e = v["error"].as_str().expect("error string");
+        assert!(e.contains(needle), "{needle} missing from {e}");
+    }
+    let many: Vec<String> = (0..=warden_controller::lifecycle::MAX_NODES)
+        .map(|i| format!("\"n{i}\""))
+        .collect();
+    let body = START.replace(r#"["gpu01","gpu02"]"#, &format!("[{}]", many.join(",")));
+    let (status, v) = send_json(&app, lifecycle("4242", &body, json)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("16384")),
+        "{v}"
+    );
+
+    for ct in [None, Some("text/plain"), Some(wire::CONTENT_TYPE_BINARY)] {
+        let (status, v) = send_json(&app, lifecycle("4242", START, ct)).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct:?}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("application/json"))
+        );
+    }
+    let (status, v) = send_json(&app, get("/api/v1/jobs/4242/lifecycle")).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{v}");
+    // Nothing refused left a trace.
+    let (_, jobs) = send_json(&app, get("/api/v1/jobs")).await;
+    assert_eq!(jobs, serde_json::json!([]));
+}

@@ -46,6 +46,11 @@ if [[ -r $conf ]]; then
     # shellcheck source=slurm-hook.env
     source "$conf"
 fi
+# slurmctld runs the hook with only the job's SLURM_* variables: a slurm.conf outside
+# /etc/slurm reaches scontrol through SLURM_CONF set in the config file.
+if [[ -n ${SLURM_CONF:-} ]]; then
+    export SLURM_CONF
+fi
 url=${WARDEN_CONTROLLER_URL:-http://warden-controller:9460}
 timeout_secs=${WARDEN_HOOK_TIMEOUT_SECS:-5}
 token_file=${WARDEN_TOKEN_FILE:-/etc/warden/hook-token}
@@ -112,15 +117,19 @@ if [[ -r $token_file ]]; then
     headers+=(-H @/dev/fd/3)
 fi
 
-if ! code=$(curl --silent --show-error --output /dev/null --write-out '%{http_code}' \
+# The answer's body goes to stdout, then its status on a line of its own.
+if ! answer=$(curl --silent --show-error --output - --write-out '\n%{http_code}' \
     --connect-timeout 2 --max-time "$timeout_secs" -X POST "${headers[@]}" \
     --data-binary "$body" "${url%/}/api/v1/jobs/${job_id}/lifecycle"); then
     log "controller at $url unreachable; job $job_id ($event) not reported"
     exit 0
 fi
+code=${answer##*$'\n'}
+reply=${answer%$'\n'*}
+reply=$(printf '%s' "${reply:0:300}" | tr -d '\000-\037')
 case "$code" in
 2??) log "reported job $job_id: $event" ;;
-404) log "controller at $url answered 404: it has no job lifecycle endpoint yet; job $job_id ($event) not reported" ;;
-*) log "controller at $url answered $code; job $job_id ($event) not reported" ;;
+404) log "controller at $url answered 404 (a controller without the job lifecycle endpoint?): $reply; job $job_id ($event) not reported" ;;
+*) log "controller at $url answered $code: $reply; job $job_id ($event) not reported" ;;
 esac
 exit 0

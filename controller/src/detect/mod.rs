@@ -4,6 +4,10 @@
 //! at a socket, a file or the wall clock, and returns [`Verdict`]s. A detector repeats
 //! its finding on every pass while the condition holds; the incident book groups and
 //! deduplicates, and resolves an incident once its finding stops coming.
+//!
+//! A job its scheduler said ended (`JobState::ended_at`) gets no hang, straggler or
+//! slow-link verdicts any more, and only crash and NaN findings whose onset came before
+//! the end: what happens while a job is torn down is not a fault of the job.
 
 pub mod crash;
 pub mod gpu;
@@ -147,6 +151,20 @@ impl Detectors {
                 job: &cluster.jobs[name],
                 cluster,
             };
+            if let Some(end) = w.job.ended_at().filter(|&t| t <= now) {
+                // Its scheduler said it ended: silence and teardown say nothing about
+                // its health. A crash or NaN from before the end is still a finding.
+                self.heavy.remove(name.as_str());
+                for v in crash::check(&c.crash, w, now)
+                    .into_iter()
+                    .chain(nan::check(&c.nan, w, now))
+                {
+                    if matches!(&v, Verdict::Finding(f) if f.onset < end) {
+                        push(v);
+                    }
+                }
+                continue;
+            }
             for v in crash::check(&c.crash, w, now) {
                 push(v);
             }

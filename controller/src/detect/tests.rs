@@ -611,3 +611,91 @@ fn gpu_fault_names_node_gpu_and_rank_once_per_gpu() {
         f[0].summary
     );
 }
+
+/// Findings of every detector over the whole cluster at `now`, as a tick runs them.
+fn all_findings(job: &Job, now: f64) -> Vec<Finding> {
+    super::Detectors::new(DetectConfig::default())
+        .run(&job.cluster, at(now))
+        .findings
+}
+
+impl Job {
+    /// The scheduler reports the job's start (`end == false`) or end at `t`.
+    fn lifecycle(&mut self, end: bool, t: f64) {
+        let event = if end { "end" } else { "start" };
+        let report = crate::lifecycle::parse(
+            format!(
+                r#"{{"event":"{event}","scheduler":"slurm","scheduler_job_id":"7","nodes":["node-00"]}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("valid report");
+        self.cluster.apply_lifecycle("j", &report, at(t));
+    }
+}
+
+/// Ranks 0..=2 enter seq 10 at 10.0; rank 3 never does, and nothing moves after.
+fn silent_after_seq_9() -> Job {
+    let mut j = steady(4);
+    j.lifecycle(false, 0.0);
+    for r in 0..3 {
+        j.coll(7, r, 10, 10.0, None);
+    }
+    j
+}
+
+#[test]
+fn a_job_that_ended_and_went_silent_is_not_a_hang() {
+    // Without an end, the same silence is a hang on rank 3.
+    let mut running = silent_after_seq_9();
+    running.heartbeats(12.0);
+    running.heartbeats(30.0);
+    let f = all_findings(&running, 30.0);
+    assert!(
+        f.iter()
+            .any(|f| f.kind == IncidentKind::Hang && f.ranks == [3]),
+        "{f:#?}"
+    );
+
+    let mut ended = silent_after_seq_9();
+    ended.lifecycle(true, 10.2);
+    ended.heartbeats(12.0);
+    ended.heartbeats(30.0);
+    let f = all_findings(&ended, 30.0);
+    assert!(f.is_empty(), "an ended job raises nothing: {f:#?}");
+    // The end only counts once it has happened.
+    assert!(
+        all_findings(&ended, 10.1)
+            .iter()
+            .all(|f| f.kind != IncidentKind::Hang)
+    );
+}
+
+#[test]
+fn after_the_end_a_crash_from_before_still_counts_and_teardown_does_not() {
+    // Teardown: rank 2 is killed after the scheduler said the job ended.
+    let mut j = steady(4);
+    j.lifecycle(true, 10.0);
+    j.exit(2, 10.5, None, Some(9), None);
+    j.heartbeats(13.0);
+    check(&j, IncidentKind::Crash, 13.0, Some(&[2])); // the detector alone sees it
+    assert!(all_findings(&j, 13.0).is_empty(), "teardown is no crash");
+
+    // A crash that ended the job: found although the end came before the tick.
+    let mut j = steady(4);
+    j.exit(
+        1,
+        9.5,
+        Some(1),
+        None,
+        Some("Traceback (most recent call last):"),
+    );
+    j.lifecycle(true, 10.0);
+    j.heartbeats(13.0);
+    let f = all_findings(&j, 13.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(
+        (f[0].kind, f[0].ranks.as_slice()),
+        (IncidentKind::Crash, &[1][..])
+    );
+}

@@ -1,0 +1,160 @@
+//! The Slurm job hook on a real Slurm cluster (issue 8): slurmctld runs
+//! deploy/slurm/prolog.sh and epilog.sh as PrologSlurmctld/EpilogSlurmctld, they report to
+//! a real `warden-controller`, and `GET /api/v1/jobs` shows each job running on the nodes
+//! Slurm gave it, then ended. A controller that is down or never answers delays a job by
+//! at most the hook's timeout and never fails it. docs/SLURM-TESTS.md says how to run it.
+
+mod support;
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::Controller;
+use support::slurm::{JobInfo, Options, SlurmCluster};
+
+/// Long enough for what a job of a few seconds needs on a busy two-core machine.
+const JOB_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// Poll the controller until `job`'s entry satisfies `ok`; panics with the last entry
+/// and the cluster's logs at `timeout`.
+fn wait_view(
+    ctl: &Controller,
+    cluster: &SlurmCluster,
+    job: u32,
+    what: &str,
+    ok: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + JOB_TIMEOUT;
+    loop {
+        let view = ctl.job(&job.to_string());
+        if let Some(v) = view.as_ref().filter(|v| ok(v)) {
+            return v.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {job}: the controller never showed it {what}; last: {view:?}\n{}",
+            cluster.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// While `id` runs the controller shows it running on exactly the nodes Slurm gave it;
+/// once Slurm says it completed, the controller shows it ended.
+fn check_job(ctl: &Controller, cluster: &SlurmCluster, id: u32, name: &str, ranks: u64) {
+    let running = cluster.wait_job(id, "running", JOB_TIMEOUT, |j| j.state == "RUNNING");
+    let nodes = cluster.hostnames(&running.nodes);
+    assert_eq!(nodes.len() as u64, ranks, "one rank per node: {running:?}");
+
+    let v = wait_view(ctl, cluster, id, "running", |v| v["phase"] == "running");
+    // The job runs for seconds more: the controller saw it while it ran.
+    let now = cluster.job(id).expect("Slurm knows the job");
+    assert_eq!(now.state, "RUNNING", "{now:?}");
+    assert_eq!(v["scheduler"], "slurm", "{v}");
+    assert_eq!(v["scheduler_job_id"], id.to_string(), "{v}");
+    assert_eq!(v["scheduler_job_name"], name, "{v}");
+    assert_eq!(v["expected_nodes"], serde_json::json!(nodes), "{v}");
+    assert_eq!(v["expected_ranks"].as_u64(), Some(ranks), "{v}");
+    assert_eq!(v["ended_s"], Value::Null, "{v}");
+    let started = v["started_s"].as_f64().expect("started_s");
+
+    let done = cluster.wait_job(id, "finished", JOB_TIMEOUT, JobInfo::finished);
+    assert_eq!(
+        (done.state.as_str(), done.exit_code),
+        ("COMPLETED", Some(0)),
+        "{done:?}"
+    );
+    let v = wait_view(ctl, cluster, id, "ended", |v| v["phase"] == "ended");
+    let ended = v["ended_s"].as_f64().expect("ended_s");
+    assert!(
+        ended >= started + 2.0,
+        "ran ~3 s: started {started}, ended {ended}"
+    );
+    assert_eq!(v["open_incidents"], 0, "{v}");
+}
+
+#[test]
+fn the_controller_sees_slurm_jobs_start_and_end() {
+    if !SlurmCluster::available() {
+        return;
+    }
+    let began = Instant::now();
+    let ctl = Controller::start();
+    let cluster = SlurmCluster::start(&Options {
+        nodes: 4,
+        job_hook: Some(ctl.url()),
+    });
+    let one = cluster.sbatch(&["--job-name=warden-one", "--wrap", "sleep 3"]);
+    check_job(&ctl, &cluster, one, "warden-one", 1);
+    let two = cluster.sbatch(&[
+        "--job-name=warden-two",
+        "--nodes=2",
+        "--ntasks=2",
+        "--wrap",
+        "srun sleep 3",
+    ]);
+    check_job(&ctl, &cluster, two, "warden-two", 2);
+
+    let metrics = ctl.metrics();
+    for event in ["start", "end"] {
+        let series =
+            format!("warden_job_lifecycle_events_total{{event=\"{event}\",scheduler=\"slurm\"}} 2");
+        assert!(metrics.contains(&series), "{series} missing:\n{metrics}");
+    }
+    eprintln!("Slurm acceptance took {:?}", began.elapsed());
+}
+
+#[test]
+fn a_job_whose_controller_is_down_or_silent_still_runs_and_completes() {
+    if !SlurmCluster::available() {
+        return;
+    }
+    // Nothing listens here.
+    let down = format!("http://127.0.0.1:{}", support::free_port());
+    let cluster = SlurmCluster::start(&Options {
+        nodes: 1,
+        job_hook: Some(down),
+    });
+    let id = cluster.sbatch(&["--wrap", "true"]);
+    let done = cluster.wait_job(id, "finished", JOB_TIMEOUT, JobInfo::finished);
+    assert_eq!(
+        (done.state.as_str(), done.exit_code),
+        ("COMPLETED", Some(0)),
+        "{done:?}"
+    );
+
+    // A controller that accepts connections and never answers: the hook gives up
+    // after its timeout (2 s here) and the job goes on. The connections show that the
+    // hook did run, at the start and at the end.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", silent.local_addr().expect("address"));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let seen = accepted.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in silent.incoming().flatten() {
+            seen.fetch_add(1, Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    cluster.set_controller_url(&url);
+    let began = Instant::now();
+    let id = cluster.sbatch(&["--wrap", "true"]);
+    let done = cluster.wait_job(id, "finished", JOB_TIMEOUT, JobInfo::finished);
+    assert_eq!(
+        (done.state.as_str(), done.exit_code),
+        ("COMPLETED", Some(0)),
+        "{done:?}"
+    );
+    cluster.wait_for("the epilog's connection", JOB_TIMEOUT, |_| {
+        (accepted.load(Ordering::SeqCst) >= 2).then_some(())
+    });
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "bounded by the hook's timeout: {:?}",
+        began.elapsed()
+    );
+}

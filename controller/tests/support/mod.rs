@@ -1,0 +1,103 @@
+//! Helpers for the controller's process-level tests: the `warden-controller` binary on a
+//! free port, a plain HTTP GET, and a real Slurm cluster ([`slurm`]).
+#![allow(dead_code)]
+
+pub mod slurm;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `GET path` on `127.0.0.1:port`: (status, body), or `None` when nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// The `warden-controller` binary listening on a free loopback port; killed on drop.
+pub struct Controller {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+}
+
+impl Controller {
+    /// Start it and wait until `/healthz` answers.
+    pub fn start() -> Controller {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_warden-controller"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("warden-controller starts");
+        let mut c = Controller { child, port };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http_get(port, "/healthz").is_none_or(|(s, _)| s != 200) {
+            if let Ok(Some(status)) = c.child.try_wait() {
+                panic!("warden-controller exited early: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "warden-controller never answered"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        c
+    }
+
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `GET /api/v1/jobs`, parsed.
+    pub fn jobs(&self) -> serde_json::Value {
+        let (status, body) = http_get(self.port, "/api/v1/jobs").expect("the controller answers");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+    }
+
+    /// The entry of `GET /api/v1/jobs` for `job`, if listed.
+    pub fn job(&self, job: &str) -> Option<serde_json::Value> {
+        self.jobs()
+            .as_array()?
+            .iter()
+            .find(|j| j["job"] == job)
+            .cloned()
+    }
+
+    /// `GET /metrics`.
+    pub fn metrics(&self) -> String {
+        let (status, body) = http_get(self.port, "/metrics").expect("the controller answers");
+        assert_eq!(status, 200);
+        body
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
