@@ -78,14 +78,15 @@ pub fn start(cfg: &AgentConfig, shared: &Shared) -> Option<JoinHandle<()>> {
 
 fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u32) {
     let mut lines: Vec<LogLine> = Vec::new();
-    let mut kept: Vec<WindowLine> = Vec::new();
     let mut limit = RateLimit::new(per_sec);
     let m = &shared.metrics;
     loop {
         let now = wall_ns();
         tailer.poll(now, &mut lines);
         if !lines.is_empty() {
+            // Lock order: `pending`, then the window (nothing takes them the other way).
             let mut pending = ship::lock(&shared.pending);
+            let mut w = shared.window.lock().unwrap_or_else(|e| e.into_inner());
             for line in lines.drain(..) {
                 let found = extractor.extract(&line);
                 if let (Some(job), Some(metric)) = (line.job.as_deref(), &found.metric) {
@@ -99,12 +100,7 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
                         pending.log(job, line.to_record());
                     }
                 }
-                kept.push(window_line(line));
-            }
-            drop(pending);
-            let mut w = shared.window.lock().unwrap_or_else(|e| e.into_inner());
-            for l in kept.drain(..) {
-                w.push(l);
+                w.push(window_line(line));
             }
         }
         let c = tailer.counters();

@@ -79,7 +79,11 @@ impl ByteRing {
             self.head = 0;
         }
         let cap = self.buf.len();
-        let tail = (self.head + self.len) % cap;
+        // `head < cap` and `len <= cap`: one subtraction wraps (no division per line).
+        let mut tail = self.head + self.len;
+        if tail >= cap {
+            tail -= cap;
+        }
         let first = bytes.len().min(cap - tail);
         self.buf[tail..tail + first].copy_from_slice(&bytes[..first]);
         self.buf[..bytes.len() - first].copy_from_slice(&bytes[first..]);
@@ -88,8 +92,9 @@ impl ByteRing {
 
     fn pop_front(&mut self, n: usize) {
         let n = n.min(self.len);
-        if !self.buf.is_empty() {
-            self.head = (self.head + n) % self.buf.len();
+        self.head += n;
+        if self.head >= self.buf.len() {
+            self.head -= self.buf.len();
         }
         self.len -= n;
     }

@@ -36,6 +36,7 @@ use super::{
     LogLine, TailConfig,
     attribution::{PrefixKind, line_prefix, rank_tag},
     config::{ConfigError, ThroughputUnitName},
+    numfield::Scan,
     presets::{FIELDS, Field, Preset, PresetCatalog},
 };
 
@@ -349,14 +350,18 @@ impl Compiled {
         for &(gi, f) in &p.groups {
             v[f as usize] = num(self.locs.get(gi));
         }
-        for ((f, re), locs) in p.fields.iter().zip(self.field_locs.iter_mut()) {
+        let fields = p.fields.iter().zip(&p.fast_fields);
+        for (((f, re), fast), locs) in fields.zip(self.field_locs.iter_mut()) {
             if v[*f as usize].is_some() {
                 continue;
             }
-            if re.captures_read(locs, text).is_some() {
+            let span = match fast.as_ref().map(|fast| fast.find(text)) {
+                Some(Scan::Found(a, b)) => Some((a, b)),
+                Some(Scan::Absent) => None,
                 // Group 1 is `v`, the field regex's only group (checked at load).
-                v[*f as usize] = num(locs.get(1));
-            }
+                Some(Scan::Unsure) | None => re.captures_read(locs, text).and_then(|_| locs.get(1)),
+            };
+            v[*f as usize] = num(span);
         }
         Some(v)
     }

@@ -26,6 +26,7 @@ pub mod cri;
 pub mod extract;
 mod linebuf;
 pub mod multiline;
+mod numfield;
 pub mod presets;
 pub mod tail;
 

@@ -9,6 +9,7 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::config::{CustomPattern, ThroughputUnitName};
+use super::numfield::LiteralNumber;
 
 /// The presets shipped with the agent.
 const BUILTIN: &str = include_str!("../../../rules/log-presets.yaml");
@@ -94,6 +95,8 @@ pub struct Preset {
     /// Named groups of `pattern`: (group index, field).
     pub(crate) groups: Vec<(usize, Field)>,
     pub(crate) fields: Vec<(Field, Regex)>,
+    /// Per field, its fast form when it has one (see [`LiteralNumber`]).
+    pub(crate) fast_fields: Vec<Option<LiteralNumber>>,
     pub(crate) step: StepSource,
     pub(crate) epoch_base: u64,
     /// Unit of a `throughput` group (custom patterns).
@@ -137,6 +140,7 @@ impl Preset {
             pattern,
             groups,
             fields: Vec::new(),
+            fast_fields: Vec::new(),
             step: if has_step {
                 StepSource::Match
             } else {
@@ -240,6 +244,7 @@ impl PresetCatalog {
                 .map_err(|e| bad(format!("pattern: {}", one_line(&e.to_string()))))?;
             let groups = named_groups(&pattern, false).map_err(|e| bad(format!("pattern: {e}")))?;
             let mut fields = Vec::new();
+            let mut fast_fields = Vec::new();
             for (fname, fre) in &r.fields {
                 let field = Field::from_name(fname)
                     .filter(|f| *f != Field::Throughput)
@@ -252,6 +257,7 @@ impl PresetCatalog {
                     )));
                 }
                 fields.push((field, re));
+                fast_fields.push(LiteralNumber::parse(fre));
             }
             if r.step == StepSource::Match {
                 let has = |f: Field| {
@@ -273,6 +279,7 @@ impl PresetCatalog {
                 pattern,
                 groups,
                 fields,
+                fast_fields,
                 step: r.step,
                 epoch_base: r.epoch_base,
                 throughput_unit: ThroughputUnitName::Tokens,
