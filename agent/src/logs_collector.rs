@@ -77,17 +77,17 @@ pub fn start(cfg: &AgentConfig, shared: &Shared) -> Option<JoinHandle<()>> {
 }
 
 fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u32) {
-    let mut lines: Vec<LogLine> = Vec::new();
     let mut limit = RateLimit::new(per_sec);
     let m = &shared.metrics;
     loop {
         let now = wall_ns();
-        tailer.poll(now, &mut lines);
-        if !lines.is_empty() {
-            // Lock order: `pending`, then the window (nothing takes them the other way).
+        {
+            // Each line is handled as the tailer finishes it, while its text is still
+            // in cache. Lock order: `pending`, then the window (nothing takes them the
+            // other way); the API's window queries wait at most one poll.
             let mut pending = ship::lock(&shared.pending);
             let mut w = shared.window.lock().unwrap_or_else(|e| e.into_inner());
-            for line in lines.drain(..) {
+            tailer.poll_with(now, &mut |line: LogLine| {
                 let found = extractor.extract(&line);
                 if let (Some(job), Some(metric)) = (line.job.as_deref(), &found.metric) {
                     if let Some(tm) = metric.to_wire(line.rank) {
@@ -101,7 +101,7 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
                     }
                 }
                 w.push(window_line(line));
-            }
+            });
         }
         let c = tailer.counters();
         advance(&m.log_lines, c.lines_read);
@@ -116,12 +116,8 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
             limit.refused = 0;
         }
         if !shared.sleep(POLL) {
-            let mut rest = Vec::new();
-            tailer.flush(wall_ns(), &mut rest);
             let mut w = shared.window.lock().unwrap_or_else(|e| e.into_inner());
-            for line in rest {
-                w.push(window_line(line));
-            }
+            tailer.flush_with(wall_ns(), &mut |line| w.push(window_line(line)));
             return;
         }
     }

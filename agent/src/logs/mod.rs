@@ -16,9 +16,9 @@
 //!   presets shipped as data in `rules/log-presets.yaml` ([`presets`]), and the PyTorch
 //!   NCCL / gloo watchdog lines as structured [`Watchdog`] reports.
 //!
-//! Nothing here spawns a thread or sleeps: the agent runtime calls [`Tailer::poll`] with
-//! the current time every ~250 ms from a blocking task and hands each [`LogLine`] to an
-//! [`Extractor`].
+//! Nothing here spawns a thread or sleeps: the agent's log thread calls
+//! [`Tailer::poll_with`] with the current time every 500 ms and hands each [`LogLine`] to
+//! an [`Extractor`] as soon as the tailer finishes it.
 
 pub mod attribution;
 pub mod config;

@@ -1,8 +1,8 @@
 //! Following log files: glob expansion, rotation, bounded reading, and the line
 //! pipeline (framing, CRI joining, traceback grouping, attribution) up to [`LogLine`].
 //!
-//! The [`Tailer`] has no thread or timer of its own: the agent runtime calls
-//! [`Tailer::poll`] with the current time (every ~250 ms, from a blocking task), and
+//! The [`Tailer`] has no thread or timer of its own: the agent's log thread calls
+//! [`Tailer::poll_with`] with the current time (every 500 ms), and
 //! each call does a bounded amount of work: at most `read_bytes_per_poll` bytes per file,
 //! read in 64 KiB chunks into one reused buffer.
 //!
@@ -175,7 +175,7 @@ struct Limits {
 
 /// Where finished lines go, with what they need to become [`LogLine`]s.
 struct Sink<'a> {
-    out: &'a mut Vec<LogLine>,
+    out: &'a mut dyn FnMut(LogLine),
     counters: &'a mut TailCounters,
     grouper: &'a mut Grouper,
     source: &'a Arc<str>,
@@ -207,7 +207,7 @@ impl Sink<'_> {
         } = self;
         grouper.push(entry, *now_ns, &mut |e| {
             counters.records_emitted += 1;
-            out.push(finish(e, source, *source_index, attr));
+            out(finish(e, source, *source_index, attr));
         });
     }
 
@@ -223,7 +223,7 @@ impl Sink<'_> {
         } = self;
         let mut emit = |e: Entry| {
             counters.records_emitted += 1;
-            out.push(finish(e, source, *source_index, attr));
+            out(finish(e, source, *source_index, attr));
         };
         if all {
             grouper.flush_all(&mut emit);
@@ -350,7 +350,7 @@ impl FileState {
         data: &[u8],
         lim: Limits,
         counters: &mut TailCounters,
-        out: &mut Vec<LogLine>,
+        out: &mut dyn FnMut(LogLine),
         now_ns: i64,
     ) {
         let mut data = data;
@@ -399,7 +399,7 @@ impl FileState {
         &mut self,
         lim: Limits,
         counters: &mut TailCounters,
-        out: &mut Vec<LogLine>,
+        out: &mut dyn FnMut(LogLine),
         now_ns: i64,
         all: bool,
     ) {
@@ -542,10 +542,18 @@ impl Tailer {
     /// what the files gained (bounded per file), handle rotation, and append finished
     /// records to `out`.
     pub fn poll(&mut self, now_ns: i64, out: &mut Vec<LogLine>) {
+        self.poll_with(now_ns, &mut |line| out.push(line));
+    }
+
+    /// [`Tailer::poll`], handing each record to `out` as soon as it is finished, while
+    /// its text is still in cache.
+    pub fn poll_with(&mut self, now_ns: i64, out: &mut dyn FnMut(LogLine)) {
         if self.next_scan_ns.is_none_or(|t| now_ns >= t) {
             self.rescan(now_ns);
         }
-        out.append(&mut self.pending);
+        for line in self.pending.drain(..) {
+            out(line);
+        }
         let lim = self.limits();
         let mut i = 0;
         while i < self.files.len() {
@@ -568,7 +576,14 @@ impl Tailer {
     /// Emit everything held: partial lines and open tracebacks of every file (before
     /// shutting down).
     pub fn flush(&mut self, now_ns: i64, out: &mut Vec<LogLine>) {
-        out.append(&mut self.pending);
+        self.flush_with(now_ns, &mut |line| out.push(line));
+    }
+
+    /// [`Tailer::flush`], handing each record to `out`.
+    pub fn flush_with(&mut self, now_ns: i64, out: &mut dyn FnMut(LogLine)) {
+        for line in self.pending.drain(..) {
+            out(line);
+        }
         let lim = self.limits();
         for fs in &mut self.files {
             fs.flush(lim, &mut self.counters, out, now_ns, true);
@@ -671,7 +686,7 @@ impl Tailer {
         self.counters.files_evicted += 1;
         // A scan has no output at hand: what the flush finishes goes out next poll.
         let mut pending = std::mem::take(&mut self.pending);
-        self.close(fs, lim, now_ns, &mut pending, true);
+        self.close(fs, lim, now_ns, &mut |line| pending.push(line), true);
         self.pending = pending;
     }
 
@@ -732,7 +747,7 @@ impl Tailer {
         mut fs: FileState,
         lim: Limits,
         now_ns: i64,
-        out: &mut Vec<LogLine>,
+        out: &mut dyn FnMut(LogLine),
         remember: bool,
     ) {
         fs.flush(lim, &mut self.counters, out, now_ns, true);
@@ -759,7 +774,13 @@ impl Tailer {
 
     /// The file at index `i` was rotated by rename: close it, open what its path names
     /// now from the beginning, and serve that in the same poll.
-    fn reopen(&mut self, i: usize, lim: Limits, now_ns: i64, out: &mut Vec<LogLine>) -> Outcome {
+    fn reopen(
+        &mut self,
+        i: usize,
+        lim: Limits,
+        now_ns: i64,
+        out: &mut dyn FnMut(LogLine),
+    ) -> Outcome {
         let old = self.files.remove(i);
         let (path, si) = (old.path.clone(), old.source_index);
         self.close(old, lim, now_ns, out, true);
@@ -785,7 +806,13 @@ impl Tailer {
     }
 
     /// Read what file `i` gained, check for rotation, flush on idle.
-    fn serve(&mut self, i: usize, lim: Limits, now_ns: i64, out: &mut Vec<LogLine>) -> Outcome {
+    fn serve(
+        &mut self,
+        i: usize,
+        lim: Limits,
+        now_ns: i64,
+        out: &mut dyn FnMut(LogLine),
+    ) -> Outcome {
         let Tailer {
             files,
             buf,
