@@ -44,6 +44,8 @@ use serde_json::Value as Json;
 use serde_yaml_ng::Value as Yaml;
 use warden_agent::nvml::throttle;
 
+#[path = "../../controller/tests/common/dashboard_queries.rs"]
+mod dashboard_queries;
 #[path = "fake_nvml/mod.rs"]
 mod fake_nvml;
 mod support;
@@ -75,7 +77,7 @@ struct Quiet {
 
 /// Every query that shows nothing without a fault, and why. Annotations are listed as
 /// panel `annotation: NAME`, id 0, ref `A`.
-const QUIET: &[Quiet] = &[
+static QUIET: &[Quiet] = &[
     Quiet {
         dashboard: "cluster-overview.json",
         id: 15,
@@ -461,15 +463,8 @@ impl Prom {
     }
 }
 
-/// One query of a dashboard.
-#[derive(Debug, Clone)]
-struct Target {
-    dashboard: String,
-    id: u64,
-    panel: String,
-    ref_id: String,
-    expr: String,
-}
+/// One query of a dashboard (shared with the promtool checks).
+use dashboard_queries::Query as Target;
 
 impl Target {
     fn name(&self) -> String {
@@ -522,35 +517,7 @@ fn dashboards() -> Vec<Dashboard> {
                 .expect("file name")
                 .to_string_lossy()
                 .into_owned();
-            let mut panels: Vec<&Json> = Vec::new();
-            for p in d["panels"].as_array().expect("panels") {
-                panels.push(p);
-                panels.extend(p["panels"].as_array().into_iter().flatten());
-            }
-            let mut targets = Vec::new();
-            for p in panels {
-                let title = p["title"].as_str().expect("panel title");
-                for t in p["targets"].as_array().into_iter().flatten() {
-                    targets.push(Target {
-                        dashboard: file.clone(),
-                        id: p["id"].as_u64().expect("panel id"),
-                        panel: title.to_owned(),
-                        ref_id: t["refId"].as_str().expect("refId").to_owned(),
-                        expr: t["expr"].as_str().expect("expr").to_owned(),
-                    });
-                }
-            }
-            for a in d["annotations"]["list"].as_array().into_iter().flatten() {
-                if let Some(expr) = a["expr"].as_str() {
-                    targets.push(Target {
-                        dashboard: file.clone(),
-                        id: 0,
-                        panel: format!("annotation: {}", a["name"].as_str().expect("name")),
-                        ref_id: "A".to_owned(),
-                        expr: expr.to_owned(),
-                    });
-                }
-            }
+            let targets = dashboard_queries::queries(&file, &d);
             let variables = d["templating"]["list"]
                 .as_array()
                 .into_iter()

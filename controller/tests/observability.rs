@@ -14,6 +14,9 @@ use std::process::Command;
 use serde_json::Value as Json;
 use serde_yaml_ng::Value as Yaml;
 
+#[path = "common/dashboard_queries.rs"]
+mod dashboard_queries;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -151,27 +154,11 @@ fn dashboard_exprs() -> Vec<Expr> {
             .expect("file name")
             .to_string_lossy()
             .into_owned();
-        let mut panels: Vec<&Json> = Vec::new();
-        for p in d["panels"].as_array().expect("panels") {
-            panels.push(p);
-            panels.extend(p["panels"].as_array().into_iter().flatten());
-        }
-        for p in panels {
-            for t in p["targets"].as_array().into_iter().flatten() {
-                let expr = t["expr"].as_str().expect("a target without expr");
-                out.push(Expr {
-                    origin: format!("{file}: panel {:?} {}", p["title"], t["refId"]),
-                    promql: substitute(expr),
-                });
-            }
-        }
-        for a in d["annotations"]["list"].as_array().into_iter().flatten() {
-            if let Some(expr) = a["expr"].as_str() {
-                out.push(Expr {
-                    origin: format!("{file}: annotation {:?}", a["name"]),
-                    promql: substitute(expr),
-                });
-            }
+        for q in dashboard_queries::queries(&file, &d) {
+            out.push(Expr {
+                origin: format!("{}: panel {} {:?} {}", q.dashboard, q.id, q.panel, q.ref_id),
+                promql: substitute(&q.expr),
+            });
         }
         for v in d["templating"]["list"].as_array().into_iter().flatten() {
             if v["type"] != "query" {
