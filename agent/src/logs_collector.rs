@@ -83,21 +83,21 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
         let now = wall_ns();
         {
             // Each line is handled as the tailer finishes it, while its text is still
-            // in cache. Lock order: `pending`, then the window (nothing takes them the
-            // other way); the API's window queries wait at most one poll.
-            let mut pending = ship::lock(&shared.pending);
+            // in cache. The window stays locked for the poll (the API's window queries
+            // wait at most that long); the shipping buffer is locked only for the few
+            // lines that go into it, never across the tailer's reads.
             let mut w = shared.window.lock().unwrap_or_else(|e| e.into_inner());
             tailer.poll_with(now, &mut |line: LogLine| {
                 let found = extractor.extract(&line);
                 if let (Some(job), Some(metric)) = (line.job.as_deref(), &found.metric) {
                     if let Some(tm) = metric.to_wire(line.rank) {
-                        pending.metric(job, tm);
+                        ship::lock(&shared.pending).metric(job, tm);
                         m.log_metrics.inc();
                     }
                 }
                 if let Some(job) = line.job.as_deref() {
                     if (found.watchdog.is_some() || found.notable) && limit.allow() {
-                        pending.log(job, line.to_record());
+                        ship::lock(&shared.pending).log(job, line.to_record());
                     }
                 }
                 w.push(window_line(line));
@@ -117,7 +117,7 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
         }
         if !shared.sleep(POLL) {
             let mut w = shared.window.lock().unwrap_or_else(|e| e.into_inner());
-            tailer.flush_with(wall_ns(), &mut |line| w.push(window_line(line)));
+            tailer.flush(wall_ns(), &mut |line| w.push(window_line(line)));
             return;
         }
     }

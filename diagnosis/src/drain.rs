@@ -423,8 +423,6 @@ impl Miner {
             return self.add_prepared(line, line.text, 0, None, None);
         }
         let mut shape = std::mem::take(&mut self.shape_buf);
-        shape.clear();
-        shape.resize(line.text.len(), 0);
         shape_of(line.text, &mut shape);
         let key = (shape.as_slice(), shape_hash(&shape));
         let id = self.add_prepared(line, line.text, 0, None, Some(key));
@@ -977,13 +975,15 @@ impl ShapeCache {
     }
 }
 
-/// Writes the shape of `text` into `out` (as long as `text`): every ASCII digit becomes
-/// `1`, except a `0` right before `x` or `X`, which stays `0`. Masking reads nothing
-/// else of a digit (see the module docs).
-fn shape_of(text: &[u8], out: &mut [u8]) {
-    for (o, &b) in out.iter_mut().zip(text) {
-        *o = if b.wrapping_sub(b'0') < 10 { b'1' } else { b };
-    }
+/// Replaces `out` with the shape of `text` (as long as `text`): every ASCII digit
+/// becomes `1`, except a `0` right before `x` or `X`, which stays `0`. Masking reads
+/// nothing else of a digit (see the module docs).
+fn shape_of(text: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend(
+        text.iter()
+            .map(|&b| if b.wrapping_sub(b'0') < 10 { b'1' } else { b }),
+    );
     for i in memchr::memchr2_iter(b'x', b'X', text) {
         if i > 0 && text[i - 1] == b'0' {
             out[i - 1] = b'0';
@@ -1519,8 +1519,6 @@ impl<R: Read> Framer<R> {
             batch.block.truncate(have + got);
             self.eof = got == 0;
             if self.shapes {
-                batch.shape.clear();
-                batch.shape.resize(batch.block.len(), 0);
                 shape_of(&batch.block, &mut batch.shape);
             }
             self.frame(batch);
@@ -2100,7 +2098,7 @@ mod tests {
             ),
         ];
         for (a, b) in pairs {
-            let (mut sa, mut sb) = (vec![0; a.len()], vec![0; b.len()]);
+            let (mut sa, mut sb) = (Vec::new(), Vec::new());
             shape_of(a.as_bytes(), &mut sa);
             shape_of(b.as_bytes(), &mut sb);
             assert_eq!(sa, sb, "{a:?} and {b:?} have one shape");
@@ -2108,7 +2106,7 @@ mod tests {
                 |line: &str| -> Vec<String> { line.split_whitespace().map(masked).collect() };
             assert_eq!(masked_line(a), masked_line(b), "{a:?} and {b:?}");
         }
-        let mut s = vec![0; 14];
+        let mut s = Vec::new();
         shape_of(b"0x1f 0X 90x 05", &mut s);
         assert_eq!(&s, b"0x1f 0X 10x 11");
         // Each first line is cached, its partner hits and gets the same template.

@@ -575,12 +575,7 @@ impl Tailer {
 
     /// Emit everything held: partial lines and open tracebacks of every file (before
     /// shutting down).
-    pub fn flush(&mut self, now_ns: i64, out: &mut Vec<LogLine>) {
-        self.flush_with(now_ns, &mut |line| out.push(line));
-    }
-
-    /// [`Tailer::flush`], handing each record to `out`.
-    pub fn flush_with(&mut self, now_ns: i64, out: &mut dyn FnMut(LogLine)) {
+    pub fn flush(&mut self, now_ns: i64, out: &mut dyn FnMut(LogLine)) {
         for line in self.pending.drain(..) {
             out(line);
         }
