@@ -31,6 +31,7 @@ pub mod logs_collector;
 pub mod metrics;
 pub mod nvml;
 pub mod pci;
+pub mod progress;
 pub mod runtime;
 pub mod ship;
 pub mod window;

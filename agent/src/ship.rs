@@ -84,6 +84,44 @@ impl Pending {
         }
     }
 
+    /// Add everything in `sig` to its job's signals; records beyond the bound are
+    /// dropped and counted, whole kinds at a time, registrations first.
+    pub fn job_signals(&mut self, sig: JobSignals) {
+        let JobSignals {
+            job,
+            ranks,
+            comms,
+            collectives,
+            metrics,
+            processes,
+            logs,
+        } = sig;
+        let parts = [
+            ranks.len(),
+            comms.len(),
+            processes.len(),
+            metrics.len(),
+            collectives.len(),
+            logs.len(),
+        ];
+        let room: Vec<bool> = parts.iter().map(|&n| n == 0 || self.room(n)).collect();
+        if parts.iter().all(|&n| n == 0) {
+            return;
+        }
+        fn keep<T>(ok: bool, from: Vec<T>, into: &mut Vec<T>) {
+            if ok {
+                into.extend(from);
+            }
+        }
+        let j = self.job(&job);
+        keep(room[0], ranks, &mut j.ranks);
+        keep(room[1], comms, &mut j.comms);
+        keep(room[2], processes, &mut j.processes);
+        keep(room[3], metrics, &mut j.metrics);
+        keep(room[4], collectives, &mut j.collectives);
+        keep(room[5], logs, &mut j.logs);
+    }
+
     /// Add a log line of `job`.
     pub fn log(&mut self, job: &str, r: LogRecord) {
         if self.room(1) {
@@ -99,6 +137,12 @@ impl Pending {
     /// Nothing waiting.
     pub fn is_empty(&self) -> bool {
         self.records == 0
+    }
+
+    /// The job signals waiting, taken out (tests look at what collectors produced).
+    #[cfg(test)]
+    pub(crate) fn take_jobs(&mut self) -> Vec<JobSignals> {
+        self.take().2
     }
 
     fn take(&mut self) -> (Vec<GpuSample>, Vec<NodeEvent>, Vec<JobSignals>, usize) {
