@@ -401,6 +401,8 @@ pub struct Shipper<T> {
     rng: SmallRng,
     metrics: Option<Arc<AgentMetrics>>,
     collectors_down: Arc<Mutex<Vec<String>>>,
+    /// Job-side progress, cut into the pending set just before each seal.
+    progress: Option<crate::progress::Progress>,
     frame: Vec<u8>,
     /// Records refused by the controller (400, 413), since start.
     refused_records: u64,
@@ -427,6 +429,7 @@ impl<T: Transport> Shipper<T> {
             rng: SmallRng::seed_from_u64(wall_ns() as u64),
             metrics: None,
             collectors_down: Arc::default(),
+            progress: None,
             frame: Vec::new(),
             refused_records: 0,
             pending_dropped: 0,
@@ -443,6 +446,13 @@ impl<T: Transport> Shipper<T> {
     /// The list of collectors that are down, sent in every heartbeat.
     pub fn with_collectors_down(mut self, down: Arc<Mutex<Vec<String>>>) -> Self {
         self.collectors_down = down;
+        self
+    }
+
+    /// Cut `progress` into every batch as it is sealed (in-flight collectives are
+    /// re-sent in each batch, so they belong to the seal, not to a separate timer).
+    pub fn with_progress(mut self, progress: crate::progress::Progress) -> Self {
+        self.progress = Some(progress);
         self
     }
 
@@ -489,6 +499,9 @@ impl<T: Transport> Shipper<T> {
     pub fn seal(&mut self, pending: &SharedPending) -> usize {
         let (gpus, events, jobs, n) = {
             let mut p = lock(pending);
+            if let Some(progress) = &self.progress {
+                progress.flush(wall_ns(), &mut p);
+            }
             self.pending_dropped = p.dropped;
             if p.is_empty() {
                 return 0;
