@@ -1,13 +1,19 @@
 //! The job-side capture socket: training processes (through the `warden_torch` Python
-//! package) send small datagrams to a Unix socket of the agent — who they are, the
-//! communicators they use, each collective they enter and complete, each step's loss
-//! and grad norm, their own exit — and the agent turns them into [`Progress`]. The agent
-//! also watches the pids it heard from: a process that vanishes without saying goodbye
-//! (kill -9, OOM killer, segfault) is reported as an exit, with its wait status when the
-//! kernel still holds it.
+//! package) connect to a Unix stream socket of the agent and send small messages — who
+//! they are, the communicators they use, each collective they enter and complete, each
+//! step's loss and grad norm, their own exit — and the agent turns them into
+//! [`Progress`]. A connection that closes without an exit message is a death (kill -9,
+//! the OOM killer, a segfault): it is reported at once, with the wait status when the
+//! kernel still holds it; the pids are also looked at now and then.
 //!
-//! Datagram format (little-endian; docs/CAPTURE.md is the reference): a 12-byte header
-//! `b"WT"`, version `1`, kind, pid `u32`, rank `u32`, then the kind's body.
+//! A stream, not datagrams: a Unix datagram socket queues only
+//! `net.unix.max_dgram_qlen` (10) messages, which eight ranks finishing the same
+//! all-reduce overflow at once; a stream buffers hundreds of kilobytes and tells the
+//! agent when its peer dies.
+//!
+//! Framing (little-endian; docs/CAPTURE.md is the reference): each message is a `u16`
+//! length and the message, whose 12-byte header is `b"WT"`, version `1`, kind, pid
+//! `u32`, rank `u32`, followed by the kind's body.
 //!
 //! | kind | body |
 //! |------|------|
@@ -22,9 +28,11 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixDatagram;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use warden_model::wire::{
@@ -40,8 +48,6 @@ pub const MAGIC: &[u8; 2] = b"WT";
 pub const VERSION: u8 = 1;
 /// Header length, bytes.
 pub const HEADER_LEN: usize = 12;
-/// Longest datagram read; longer ones are cut and refused.
-const MAX_DATAGRAM: usize = 8192;
 /// Most processes tracked at once; hellos beyond are refused.
 const MAX_PROCESSES: usize = 4096;
 /// Longest job id accepted, bytes.
@@ -251,8 +257,10 @@ pub fn decode(d: &[u8]) -> Result<(u32, u32, Message), DecodeError> {
 /// What became of a process the agent watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
-    /// Running (or stopped: a SIGSTOPped process is alive).
+    /// Running (or waiting).
     Alive,
+    /// Alive but stopped (SIGSTOP, a debugger): it makes no progress by itself.
+    Stopped,
     /// Dead but not yet reaped: its wait status.
     Zombie(i32),
     /// Gone.
@@ -272,6 +280,7 @@ pub fn liveness(proc_root: &Path, pid: u32) -> Liveness {
     };
     let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
     match fields.first() {
+        Some(&"T") | Some(&"t") => Liveness::Stopped,
         Some(&"Z") | Some(&"X") => {
             let status = fields.get(49).and_then(|s| s.parse().ok()).unwrap_or(0);
             Liveness::Zombie(status)
@@ -289,6 +298,8 @@ struct Member {
     alive_at_ns: i64,
     /// It said goodbye (its exit is already reported).
     said_exit: bool,
+    /// Its process was stopped at the last look.
+    stopped: bool,
 }
 
 /// The receiving end: turns datagrams into progress and watches the senders' pids.
@@ -356,6 +367,7 @@ impl Capture {
                     rank,
                     alive_at_ns: now_ns,
                     said_exit: false,
+                    stopped: false,
                 },
             );
             self.progress.rank(
@@ -379,6 +391,7 @@ impl Capture {
                         alive: true,
                         exit_code: None,
                         signal: None,
+                        stopped: false,
                     },
                 );
             }
@@ -480,6 +493,7 @@ impl Capture {
                         alive: false,
                         exit_code: Some(code),
                         signal: None,
+                        stopped: false,
                     },
                 );
             }
@@ -488,49 +502,113 @@ impl Capture {
         kind
     }
 
+    /// The process `pid` closed its connection. Without an exit message first that is
+    /// its death (the kernel closes a dying process's sockets): it is reported at once,
+    /// with its wait status when the kernel still holds it. A process that closed the
+    /// connection and lives on is left to the pid checks.
+    pub fn hung_up(&mut self, pid: u32, now_ns: i64) {
+        let Some(m) = self.members.get(&pid) else {
+            return;
+        };
+        if m.said_exit {
+            self.members.remove(&pid);
+            return;
+        }
+        // The socket closes in the middle of the exit: give the kernel a moment to
+        // finish it, so the wait status can be read.
+        let mut state = liveness(&self.proc_root, pid);
+        for _ in 0..10 {
+            if !matches!(state, Liveness::Alive | Liveness::Stopped) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            state = liveness(&self.proc_root, pid);
+        }
+        if matches!(state, Liveness::Alive | Liveness::Stopped) {
+            return;
+        }
+        if let Some(m) = self.members.get_mut(&pid) {
+            m.alive_at_ns = now_ns;
+        }
+        self.report_gone(pid, state, now_ns);
+    }
+
+    fn report_gone(&mut self, pid: u32, state: Liveness, at_ns: i64) {
+        let Some(m) = self.members.remove(&pid) else {
+            return;
+        };
+        if m.said_exit {
+            return;
+        }
+        let (exit_code, signal) = match state {
+            Liveness::Zombie(status) if status & 0x7f != 0 => (None, Some(status & 0x7f)),
+            Liveness::Zombie(status) => (Some((status >> 8) & 0xff), None),
+            _ => (None, None),
+        };
+        tracing::warn!(job = %m.job, rank = m.rank, pid, ?exit_code, ?signal, "training process died without an exit report");
+        self.progress.process(
+            &m.job,
+            ProcessState {
+                rank: m.rank,
+                pid,
+                at_ns,
+                alive: false,
+                exit_code,
+                signal,
+                stopped: false,
+            },
+        );
+    }
+
     /// Look at every known pid; report those that vanished without saying goodbye.
     pub fn check_pids(&mut self, now_ns: i64) {
         let mut gone = vec![];
         for (&pid, m) in &mut self.members {
-            match liveness(&self.proc_root, pid) {
-                Liveness::Alive => m.alive_at_ns = now_ns,
-                state => gone.push((pid, state)),
+            let state = liveness(&self.proc_root, pid);
+            match state {
+                Liveness::Alive | Liveness::Stopped => {
+                    m.alive_at_ns = now_ns;
+                    let stopped = state == Liveness::Stopped;
+                    // Said while it lasts (a lost batch must not hide it) and once
+                    // when it ends.
+                    if stopped || m.stopped {
+                        if stopped != m.stopped {
+                            tracing::warn!(job = %m.job, rank = m.rank, pid, stopped, "training process stopped or continued");
+                        }
+                        m.stopped = stopped;
+                        self.progress.process(
+                            &m.job,
+                            ProcessState {
+                                rank: m.rank,
+                                pid,
+                                at_ns: now_ns,
+                                alive: true,
+                                exit_code: None,
+                                signal: None,
+                                stopped,
+                            },
+                        );
+                    }
+                }
+                _ => gone.push((pid, state)),
             }
         }
         for (pid, state) in gone {
-            let Some(m) = self.members.remove(&pid) else {
+            let Some(m) = self.members.get(&pid) else {
                 continue;
             };
-            if m.said_exit {
-                continue;
-            }
             // It died between the last look and this one: halfway is the best guess.
             let at_ns = m.alive_at_ns + (now_ns - m.alive_at_ns) / 2;
-            let (exit_code, signal) = match state {
-                Liveness::Zombie(status) if status & 0x7f != 0 => (None, Some(status & 0x7f)),
-                Liveness::Zombie(status) => (Some((status >> 8) & 0xff), None),
-                _ => (None, None),
-            };
-            tracing::warn!(job = %m.job, rank = m.rank, pid, ?exit_code, ?signal, "training process vanished without an exit report");
-            self.progress.process(
-                &m.job,
-                ProcessState {
-                    rank: m.rank,
-                    pid,
-                    at_ns,
-                    alive: false,
-                    exit_code,
-                    signal,
-                },
-            );
+            self.report_gone(pid, state, at_ns);
         }
     }
 }
 
 /// Bind the capture socket at `path`: its directory is created, a stale socket left
-/// by an earlier agent is replaced, and the socket is made writable by every local
-/// user (training processes run as any user; see docs/CAPTURE.md for what that trusts).
-pub fn bind(path: &Path) -> io::Result<UnixDatagram> {
+/// by an earlier agent is replaced (a live one is not), and the socket is made
+/// writable by every local user (training processes run as any user; see
+/// docs/CAPTURE.md for what that trusts).
+pub fn bind(path: &Path) -> io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -544,10 +622,7 @@ pub fn bind(path: &Path) -> io::Result<UnixDatagram> {
                 ));
             }
             // A socket someone still listens on belongs to a running agent: leave it.
-            if UnixDatagram::unbound()
-                .and_then(|c| c.connect(path))
-                .is_ok()
-            {
+            if UnixStream::connect(path).is_ok() {
                 return Err(io::Error::new(
                     io::ErrorKind::AddrInUse,
                     format!("{} is in use by another process", path.display()),
@@ -558,58 +633,119 @@ pub fn bind(path: &Path) -> io::Result<UnixDatagram> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let sock = UnixDatagram::bind(path)?;
+    let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-    Ok(sock)
+    Ok(listener)
 }
 
-/// How often pids are looked at, and the longest a receive waits.
-pub const PID_CHECK_EVERY: Duration = Duration::from_millis(50);
+/// How often pids are looked at while processes are connected.
+pub const PID_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// How long a reader waits for bytes before it looks at the stop flag.
+const READ_WAIT: Duration = Duration::from_millis(500);
+/// Most connections at once; more are closed at once.
+const MAX_CONNECTIONS: usize = 1024;
 
-/// The longest a receive waits while no process is watched.
-const IDLE_WAIT: Duration = Duration::from_secs(1);
+/// The capture shared between connection threads.
+pub type SharedCapture = Arc<Mutex<Capture>>;
 
-/// Receive on `sock` until `keep_going` says stop; `on_message` sees each message kind.
-pub fn serve(
-    sock: &UnixDatagram,
-    capture: &mut Capture,
-    mut keep_going: impl FnMut(&Capture) -> bool,
-    mut on_message: impl FnMut(&'static str),
-) -> io::Result<()> {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
-    let mut checked = Instant::now();
-    let mut watching = None;
-    while keep_going(capture) {
-        // With no process to watch there is nothing to look at between datagrams: wake
-        // once a second (to notice the stop) instead of twenty times.
-        let now_watching = capture.ranks() > 0;
-        if watching != Some(now_watching) {
-            watching = Some(now_watching);
-            let wait = if now_watching {
-                PID_CHECK_EVERY
-            } else {
-                IDLE_WAIT
-            };
-            sock.set_read_timeout(Some(wait))?;
+fn lock(c: &SharedCapture) -> MutexGuard<'_, Capture> {
+    c.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Read frames (`u16` length, then one message) from one process until it hangs up
+/// or `stop` says so; the process's end of the connection closing without an exit
+/// message is its death.
+pub fn read_connection(
+    mut conn: UnixStream,
+    capture: &SharedCapture,
+    stop: &dyn Fn() -> bool,
+    on_message: &dyn Fn(&'static str),
+) {
+    if conn.set_read_timeout(Some(READ_WAIT)).is_err() {
+        return;
+    }
+    let mut buf: Vec<u8> = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 16 << 10];
+    let mut pid = None;
+    loop {
+        if stop() {
+            return;
         }
-        match sock.recv(&mut buf) {
-            Ok(n) => {
-                let kind = capture.handle(&buf[..n.min(buf.len())], wall_ns());
-                on_message(kind);
-            }
+        match conn.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
             Err(e)
                 if matches!(
                     e.kind(),
                     io::ErrorKind::WouldBlock
                         | io::ErrorKind::TimedOut
                         | io::ErrorKind::Interrupted
-                ) => {}
+                ) =>
+            {
+                continue;
+            }
+            Err(_) => break,
+        }
+        let mut at = 0;
+        while let Some(len) = buf
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+        {
+            let Some(frame) = buf.get(at + 2..at + 2 + len) else {
+                break;
+            };
+            let now = wall_ns();
+            let kind = lock(capture).handle(frame, now);
+            if kind == "hello" {
+                pid = decode(frame).ok().map(|(p, ..)| p);
+            }
+            on_message(kind);
+            at += 2 + len;
+        }
+        buf.drain(..at);
+    }
+    if let Some(pid) = pid {
+        lock(capture).hung_up(pid, wall_ns());
+    }
+}
+
+/// Accept training processes on `listener` until `stop` says so, one reader thread per
+/// connection, and look at their pids every [`PID_CHECK_EVERY`].
+pub fn serve(
+    listener: &UnixListener,
+    capture: &SharedCapture,
+    stop: Arc<dyn Fn() -> bool + Send + Sync>,
+    on_message: Arc<dyn Fn(&'static str) + Send + Sync>,
+) -> io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let mut readers: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut checked = Instant::now();
+    while !stop() {
+        match listener.accept() {
+            Ok((conn, _)) => {
+                readers.retain(|r| !r.is_finished());
+                if readers.len() >= MAX_CONNECTIONS || conn.set_nonblocking(false).is_err() {
+                    continue;
+                }
+                let (capture, stop, on_message) =
+                    (capture.clone(), stop.clone(), on_message.clone());
+                readers.extend(crate::collectors::spawn("capture-conn", move || {
+                    read_connection(conn, &capture, &*stop, &*on_message);
+                }));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
         if checked.elapsed() >= PID_CHECK_EVERY {
             checked = Instant::now();
-            capture.check_pids(wall_ns());
+            lock(capture).check_pids(wall_ns());
         }
+    }
+    for r in readers {
+        let _ = r.join();
     }
     Ok(())
 }
@@ -625,7 +761,7 @@ pub fn start(
     if !cfg.enabled {
         return None;
     }
-    let sock = match bind(&cfg.socket) {
+    let listener = match bind(&cfg.socket) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(socket = %cfg.socket.display(), error = %e, "job-side capture is down: cannot bind its socket");
@@ -635,19 +771,23 @@ pub fn start(
     };
     shared.set_up("capture", true);
     tracing::info!(socket = %cfg.socket.display(), "job-side capture listening");
-    let mut capture = Capture::new(progress.clone(), cfg.proc_root.clone());
+    let capture: SharedCapture = Arc::new(Mutex::new(Capture::new(
+        progress.clone(),
+        cfg.proc_root.clone(),
+    )));
     let (shared, path) = (shared.clone(), cfg.socket.clone());
     crate::collectors::spawn("capture", move || {
-        let metrics = shared.metrics.clone();
-        let stop = shared.stop.clone();
+        let (metrics, stop) = (shared.metrics.clone(), shared.stop.clone());
+        let gauge = metrics.capture_ranks.clone();
+        let watched = capture.clone();
         let result = serve(
-            &sock,
-            &mut capture,
-            |c| {
-                metrics.capture_ranks.set(c.ranks() as i64);
-                !stop.is_raised()
-            },
-            |kind| metrics.capture_messages.with_label_values(&[kind]).inc(),
+            &listener,
+            &capture,
+            Arc::new(move || {
+                gauge.set(lock(&watched).ranks() as i64);
+                stop.is_raised()
+            }),
+            Arc::new(move |kind| metrics.capture_messages.with_label_values(&[kind]).inc()),
         );
         if let Err(e) = result {
             tracing::error!(error = %e, "job-side capture stopped");
@@ -839,23 +979,100 @@ mod tests {
     }
 
     #[test]
-    fn bind_replaces_a_stale_socket_but_not_a_file() {
+    fn a_stopped_process_is_said_while_it_lasts_and_once_when_it_ends() {
+        let procs = fake_proc(&[(5, "5 (python3) T 1 2 3")]);
+        let progress = Progress::default();
+        let mut cap = Capture::new(progress.clone(), procs.path());
+        cap.handle(&hello(5, 1, "j"), 1);
+        let mut pending = Pending::default();
+        progress.flush(2, &mut pending);
+        pending.take_jobs();
+        let stopped_records = |cap: &mut Capture, now| {
+            cap.check_pids(now);
+            let mut pending = Pending::default();
+            progress.flush(now, &mut pending);
+            let jobs = pending.take_jobs();
+            jobs.first()
+                .map(|j| {
+                    j.processes
+                        .iter()
+                        .map(|p| (p.alive, p.stopped))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        };
+        assert_eq!(stopped_records(&mut cap, 10), [(true, true)]);
+        assert_eq!(stopped_records(&mut cap, 20), [(true, true)], "repeated");
+        std::fs::write(procs.path().join("5/stat"), "5 (python3) S 1 2 3").expect("stat");
+        assert_eq!(stopped_records(&mut cap, 30), [(true, false)], "continued");
+        assert!(stopped_records(&mut cap, 40).is_empty());
+    }
+
+    #[test]
+    fn a_connection_that_closes_without_goodbye_is_a_death() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("sub/capture.sock");
         let first = bind(&path).expect("bind");
         let err = bind(&path).expect_err("a live socket is not taken over");
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
         drop(first);
-        let sock = bind(&path).expect("rebind over a stale socket");
-        let client = UnixDatagram::unbound().expect("client");
-        client
-            .send_to(&hello(std::process::id(), 0, "j"), &path)
-            .expect("send");
+        let listener = bind(&path).expect("rebind over a stale socket");
+
+        // pid 7 is not in this fake /proc: once it hangs up, it is dead.
+        let procs = fake_proc(&[]);
         let progress = Progress::default();
-        let mut cap = Capture::new(progress, "/proc");
-        let mut seen = vec![];
-        serve(&sock, &mut cap, |c| c.ranks() == 0, |k| seen.push(k)).expect("serve");
-        assert_eq!(seen, vec!["hello"]);
+        let capture: SharedCapture =
+            Arc::new(Mutex::new(Capture::new(progress.clone(), procs.path())));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let server = {
+            let (capture, seen, done) = (capture.clone(), seen.clone(), done.clone());
+            std::thread::spawn(move || {
+                serve(
+                    &listener,
+                    &capture,
+                    Arc::new(move || done.load(std::sync::atomic::Ordering::SeqCst)),
+                    Arc::new(move |k| seen.lock().expect("lock").push(k)),
+                )
+            })
+        };
+        let mut client = UnixStream::connect(&path).expect("connect");
+        let mut frames = vec![];
+        for m in [hello(7, 0, "j"), start(7, 0, 1, 100)] {
+            frames.extend((m.len() as u16).to_le_bytes());
+            frames.extend(m);
+        }
+        // Split mid-frame: the reader must put frames back together.
+        use std::io::Write;
+        client.write_all(&frames[..5]).expect("write");
+        std::thread::sleep(Duration::from_millis(50));
+        client.write_all(&frames[5..]).expect("write");
+        std::thread::sleep(Duration::from_millis(100));
+        drop(client);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&capture).ranks() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        server.join().expect("server").expect("serve");
+        assert_eq!(*seen.lock().expect("lock"), vec!["hello", "start"]);
+        let mut pending = Pending::default();
+        progress.flush(wall_ns(), &mut pending);
+        let jobs = pending.take_jobs();
+        let exit = jobs[0]
+            .processes
+            .iter()
+            .find(|p| !p.alive)
+            .expect("an exit");
+        assert_eq!(
+            (exit.rank, exit.pid, exit.exit_code, exit.signal),
+            (0, 7, None, None)
+        );
+        assert!(
+            jobs[0].collectives.is_empty(),
+            "a dead rank is not in flight"
+        );
+
         let file = dir.path().join("plain");
         std::fs::write(&file, "x").expect("file");
         assert!(bind(&file).is_err(), "a regular file is never removed");

@@ -140,6 +140,15 @@ impl Progress {
                 j.in_flight.remove(&(ev.comm, ev.rank));
             }
         }
+        if ev.start_ns <= 0 || ev.start_ns > ev.end_ns {
+            // Its start was never heard of (a dropped datagram): a completion with no
+            // wait is still progress, and the wire needs a start no later than the end.
+            ev.start_ns = ev.end_ns;
+        }
+        if ev.seq == 0 || ev.end_ns <= 0 {
+            book.dropped += 1;
+            return;
+        }
         if j.completed.len() >= MAX_COMPLETED_PER_FLUSH {
             book.dropped += 1;
             return;
@@ -334,6 +343,7 @@ mod tests {
                 alive: false,
                 exit_code: Some(1),
                 signal: None,
+                stopped: false,
             },
         );
         let first = cut(&p, 1_000);
@@ -364,6 +374,16 @@ mod tests {
         let again = cut(&p, 2);
         assert_eq!(again[0].metrics.len(), 1);
         assert!(again[0].metrics[0].loss.is_some_and(f64::is_nan));
+    }
+
+    #[test]
+    fn a_completion_without_its_start_is_still_a_valid_record() {
+        let p = Progress::default();
+        p.completed("j", coll(0, 4, 0, 500));
+        p.completed("j", coll(0, 0, 0, 500));
+        let sig = cut(&p, 1);
+        assert_eq!(sig[0].collectives, vec![coll(0, 4, 500, 500)]);
+        assert_eq!(p.dropped(), 1, "seq 0 is not a collective");
     }
 
     #[test]

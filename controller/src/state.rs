@@ -154,9 +154,11 @@ pub struct ExitRecord {
 }
 
 impl ExitRecord {
-    /// Whether the exit is a failure (non-zero code or a signal).
+    /// Whether the exit is a failure: a non-zero code, a signal, or no status at all
+    /// (the process vanished: SIGKILL, the OOM killer, a crash the agent saw only as a
+    /// missing pid).
     pub fn abnormal(&self) -> bool {
-        self.signal.is_some() || self.code.is_some_and(|c| c != 0)
+        self.code != Some(0) || self.signal.is_some()
     }
 
     /// "signal 11 (SIGSEGV)" or "exit code 1".
@@ -164,7 +166,7 @@ impl ExitRecord {
         match (self.signal, self.code) {
             (Some(s), _) => format!("signal {s} ({})", signal_name(s)),
             (None, Some(c)) => format!("exit code {c}"),
-            (None, None) => "unknown exit".to_owned(),
+            (None, None) => "vanished without an exit status".to_owned(),
         }
     }
 }
@@ -227,6 +229,8 @@ pub struct RankState {
     pub exit: Option<ExitRecord>,
     /// Whether a log line of its blamed a peer.
     pub peer_symptom: bool,
+    /// Since when its process is stopped (SIGSTOP, a debugger), while it is.
+    pub stopped_since: Option<Timestamp>,
     /// Its last few error-looking log lines (for evidence).
     pub last_errors: Vec<String>,
     /// When anything was last heard about it (controller clock).
@@ -258,6 +262,7 @@ impl Default for RankState {
             node: NO_NODE,
             gpu: None,
             pid: 0,
+            stopped_since: None,
             comms: Vec::new(),
             exit: None,
             peer_symptom: false,
@@ -1176,6 +1181,12 @@ fn apply_process(job: &mut JobState, p: &ProcessState, offset: i64, now: Timesta
     let r = job.rank_mut(p.rank);
     r.last_seen = now;
     if p.alive {
+        r.stopped_since = if p.stopped {
+            r.stopped_since
+                .or(Some(Timestamp(p.at_ns.saturating_sub(offset))))
+        } else {
+            None
+        };
         if r.exit
             .as_ref()
             .is_some_and(|e| e.pid != p.pid && p.pid != 0)

@@ -345,7 +345,7 @@ pub struct TrainingMetric {
     pub tokens_per_s: Option<f64>,
 }
 
-/// A rank's process started or exited.
+/// A rank's process started, stopped, continued or exited.
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ProcessState {
@@ -367,6 +367,9 @@ pub struct ProcessState {
     /// Terminating signal, when it was killed.
     #[prost(int32, optional, tag = "6")]
     pub signal: Option<i32>,
+    /// Alive but stopped (SIGSTOP, a debugger): it will not make progress by itself.
+    #[prost(bool, tag = "7")]
+    pub stopped: bool,
 }
 
 /// A line of a rank's output.

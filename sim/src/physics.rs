@@ -124,6 +124,7 @@ impl Physics {
                     alive: true,
                     exit_code: None,
                     signal: None,
+                    stopped: false,
                 }),
             });
         }
@@ -387,6 +388,7 @@ impl Physics {
                         alive: false,
                         exit_code: Some(0),
                         signal: None,
+                        stopped: false,
                     }),
                 );
             } else if checkpoint {
@@ -561,6 +563,7 @@ impl Physics {
                 alive: false,
                 exit_code,
                 signal,
+                stopped: false,
             }),
         );
         let peer_ip = format!("10.0.{}.{}", node / 250, node % 250 + 2);
@@ -600,6 +603,7 @@ impl Physics {
                     alive: false,
                     exit_code: Some(1),
                     signal: None,
+                    stopped: false,
                 }),
             );
         }

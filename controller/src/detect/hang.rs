@@ -232,8 +232,49 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             return vec![];
         };
         let ranks: Vec<u32> = s.comm.members.iter().map(|m| m.rank).collect();
-        let (nodes, _) = w.places(&ranks);
         let op = CollOp::from_wire(s.comm.op).as_str();
+        // ... unless a member's process is stopped (SIGSTOP, a debugger): it stopped
+        // inside the collective and holds everyone else there.
+        let mut stopped: Vec<(u32, Timestamp)> = ranks
+            .iter()
+            .filter_map(|&r| {
+                let rank = job.ranks.get(r as usize)?;
+                rank.stopped_since.filter(|_| rank.alive()).map(|t| (r, t))
+            })
+            .collect();
+        stopped.sort_unstable();
+        if !stopped.is_empty() {
+            let culprits: Vec<u32> = stopped.iter().map(|&(r, _)| r).collect();
+            let (nodes, _) = w.places(&culprits);
+            let who = if culprits.len() == 1 {
+                w.describe_rank(culprits[0])
+            } else {
+                format!("ranks {}", list(&culprits))
+            };
+            let since = stopped.iter().map(|&(_, t)| t).min().unwrap_or(s.oldest);
+            return vec![Verdict::Finding(Finding {
+                kind: IncidentKind::Hang,
+                job: Some(job.name.clone()),
+                ranks: culprits,
+                nodes,
+                gpus: vec![],
+                onset: s.oldest.min(since),
+                confidence: 0.95,
+                severity: Severity::Critical,
+                summary: format!(
+                    "{who} is stopped (SIGSTOP or a debugger) inside {op} seq {} of {}; \
+                     the other {} members wait in it",
+                    s.seq,
+                    s.comm.label(),
+                    s.waiting.saturating_sub(stopped.len())
+                ),
+                evidence: vec![Evidence {
+                    at: since,
+                    text: format!("{who}: process state stopped, reported by its node's agent"),
+                }],
+            })];
+        }
+        let (nodes, _) = w.places(&ranks);
         return vec![Verdict::Finding(Finding {
             kind: IncidentKind::Hang,
             job: Some(job.name.clone()),

@@ -137,6 +137,7 @@ impl Job {
             alive: false,
             exit_code: code,
             signal,
+            stopped: false,
         };
         self.send(
             self.node_of(r),
@@ -378,6 +379,58 @@ fn hang_with_everyone_inside_names_the_nodes_not_a_rank() {
     assert!(f[0].ranks.is_empty());
     assert_eq!(f[0].nodes.len(), 4);
     assert!(f[0].confidence < 0.5);
+}
+
+#[test]
+fn hang_with_everyone_inside_names_a_stopped_process() {
+    let mut j = steady(4);
+    for r in 0..4 {
+        j.coll(7, r, 10, 10.0, None);
+    }
+    let stopped = ProcessState {
+        rank: 2,
+        pid: 102,
+        at_ns: ns(10.2),
+        alive: true,
+        exit_code: None,
+        signal: None,
+        stopped: true,
+    };
+    j.send(
+        j.node_of(2),
+        10.5,
+        JobSignals {
+            job: "j".into(),
+            processes: vec![stopped.clone()],
+            ..Default::default()
+        },
+        vec![],
+    );
+    j.heartbeats(13.0);
+    let f = j.findings(IncidentKind::Hang, 13.0);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].ranks, [2]);
+    assert!(f[0].confidence > 0.9);
+    assert!(f[0].summary.contains("stopped"), "{}", f[0].summary);
+
+    // Continued: the stopped process no longer explains the hang.
+    j.send(
+        j.node_of(2),
+        13.5,
+        JobSignals {
+            job: "j".into(),
+            processes: vec![ProcessState {
+                stopped: false,
+                at_ns: ns(13.5),
+                ..stopped
+            }],
+            ..Default::default()
+        },
+        vec![],
+    );
+    j.heartbeats(14.0);
+    let f = j.findings(IncidentKind::Hang, 14.0);
+    assert!(f[0].ranks.is_empty(), "{f:?}");
 }
 
 #[test]

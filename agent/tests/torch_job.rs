@@ -1,0 +1,483 @@
+//! A real PyTorch job caught in the act: the `warden-controller` binary, two
+//! `warden-agent`s posing as node-00 and node-01, and a torchrun gloo job of 8 ranks (4
+//! per "node", on 127.0.0.1) training a small DDP model with `warden_torch`, with a
+//! process-group timeout of 120 s so that detection visibly beats PyTorch's own. Faults:
+//! SIGSTOP of one rank (hang), kill -9 of one rank (crash), NaN in one rank's loss, one
+//! rank 50% slower (straggler), and a clean run with no incident.
+//!
+//! Needs Python with `torch` in `$WARDEN_VENV` (default `~/.cache/warden/venv`; the
+//! test command installs it). Under CI a missing torch is a failure; elsewhere the test
+//! says so and passes without running.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use support::{AgentProc, free_port, http_get};
+
+const NODES: [&str; 2] = ["node-00", "node-01"];
+const RANKS_PER_NODE: u32 = 4;
+
+fn now_s() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The Python interpreter with torch, if there is one.
+fn python() -> Option<PathBuf> {
+    let venv = std::env::var_os("WARDEN_VENV")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/warden/venv")))?;
+    let py = venv.join("bin/python");
+    let ok = Command::new(&py)
+        .args([
+            "-c",
+            "import torch.distributed as d; assert d.is_gloo_available()",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(py)
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned()
+}
+
+/// The controller binary of the same build as the agent under test.
+fn controller_bin() -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_warden-agent")).with_file_name("warden-controller");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p warden-controller` (same profile)",
+        bin.display()
+    );
+    bin
+}
+
+/// Controller and agents, killed when dropped.
+struct Cluster {
+    dir: tempfile::TempDir,
+    controller: Child,
+    port: u16,
+    _agents: Vec<AgentProc>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.controller.kill();
+        let _ = self.controller.wait();
+    }
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let controller = Command::new(controller_bin())
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the controller");
+        let started = Instant::now();
+        while http_get(port, "/healthz").is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "controller did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let agents = NODES
+            .iter()
+            .map(|node| {
+                let d = dir.path().join(node);
+                std::fs::create_dir_all(&d).expect("agent dir");
+                std::fs::write(d.join("kern.log"), "").expect("kernel log");
+                std::fs::write(d.join("boot_id"), format!("boot-{node}\n")).expect("boot id");
+                let agent_port = free_port();
+                let cfg = d.join("agent.yaml");
+                std::fs::write(
+                    &cfg,
+                    format!(
+                        "node_name: {node}\nlisten: 127.0.0.1:{agent_port}\n\
+                         controller:\n  url: http://127.0.0.1:{port}\n  flush_interval_ms: 100\n\
+                         nvml:\n  enabled: false\n\
+                         kmsg:\n  path: {}\n  boot_id_path: {}\n\
+                         capture:\n  socket: {}\n",
+                        d.join("kern.log").display(),
+                        d.join("boot_id").display(),
+                        d.join("capture.sock").display(),
+                    ),
+                )
+                .expect("agent config");
+                AgentProc::start(&cfg, agent_port)
+            })
+            .collect();
+        Cluster {
+            dir,
+            controller,
+            port,
+            _agents: agents,
+        }
+    }
+
+    fn incidents(&self, job: &str) -> Vec<Value> {
+        http_get(self.port, &format!("/api/v1/incidents?job={job}"))
+            .and_then(|b| serde_json::from_str::<Vec<Value>>(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// What the controller knows, for failure messages.
+    fn state(&self) -> String {
+        format!(
+            "jobs: {}\nincidents: {}\nranks: {}",
+            http_get(self.port, "/api/v1/jobs").unwrap_or_default(),
+            http_get(self.port, "/api/v1/incidents").unwrap_or_default(),
+            http_get(self.port, "/api/v1/jobs/hang/ranks").unwrap_or_default()
+        )
+    }
+
+    /// Poll until `job` has an incident, up to `limit`.
+    fn wait_incident(&self, job: &str, limit: Duration) -> Option<Value> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Some(i) = self.incidents(job).into_iter().next() {
+                return Some(i);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+/// One torchrun launch per node; every process is killed when dropped.
+struct Job {
+    name: String,
+    work: PathBuf,
+    launches: Vec<Child>,
+}
+
+impl Job {
+    fn start(cluster: &Cluster, py: &Path, name: &str, args: &[&str]) -> Job {
+        let work = cluster.dir.path().join(name);
+        std::fs::create_dir_all(&work).expect("job dir");
+        let master_port = free_port().to_string();
+        let script = repo().join("integrations/python/examples/train_ddp.py");
+        let launches = NODES
+            .iter()
+            .enumerate()
+            .map(|(k, node)| {
+                let log = std::fs::File::create(work.join(format!("{node}.log"))).expect("log");
+                let err = log.try_clone().expect("log");
+                let mut cmd = Command::new(py);
+                cmd.args(["-m", "torch.distributed.run", "--nnodes=2"])
+                    .arg(format!("--node-rank={k}"))
+                    .arg(format!("--nproc-per-node={RANKS_PER_NODE}"))
+                    .args(["--master-addr=127.0.0.1", "--monitor-interval=0.1"])
+                    .arg(format!("--master-port={master_port}"))
+                    .arg(&script)
+                    .arg("--pid-dir")
+                    .arg(&work)
+                    .args(args)
+                    .env("WARDEN_JOB", name)
+                    .env(
+                        "WARDEN_AGENT_SOCKET",
+                        cluster.dir.path().join(node).join("capture.sock"),
+                    )
+                    .env("PYTHONPATH", repo().join("integrations/python"))
+                    .env("GLOO_SOCKET_IFNAME", "lo")
+                    .env("OMP_NUM_THREADS", "1")
+                    .stdout(log)
+                    .stderr(err);
+                std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+                cmd.spawn().expect("start torchrun")
+            })
+            .collect();
+        Job {
+            name: name.to_owned(),
+            work,
+            launches,
+        }
+    }
+
+    /// (step, wall seconds) of the last step rank 0 finished.
+    fn last_step(&self) -> Option<(u64, f64)> {
+        self.steps().last().copied()
+    }
+
+    fn steps(&self) -> Vec<(u64, f64)> {
+        let text = std::fs::read_to_string(self.work.join("steps.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let (s, t) = l.split_once(' ')?;
+                Some((s.parse().ok()?, t.parse::<f64>().ok()? / 1e9))
+            })
+            .collect()
+    }
+
+    fn wait_step(&self, step: u64, limit: Duration) {
+        let started = Instant::now();
+        while self.last_step().is_none_or(|(s, _)| s < step) {
+            assert!(
+                started.elapsed() < limit,
+                "job {} did not reach step {step} in {limit:?}:\n{}",
+                self.name,
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn pid(&self, rank: u32) -> String {
+        std::fs::read_to_string(self.work.join(format!("rank{rank}.pid")))
+            .expect("pid file")
+            .trim()
+            .to_owned()
+    }
+
+    fn signal(&self, rank: u32, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid(rank)])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} rank {rank}");
+    }
+
+    /// Wait for both launches to end; false if they are still running after `limit`.
+    fn wait(&mut self, limit: Duration) -> bool {
+        let started = Instant::now();
+        loop {
+            let done = self
+                .launches
+                .iter_mut()
+                .all(|c| c.try_wait().ok().flatten().is_some());
+            if done {
+                return true;
+            }
+            if started.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn logs(&self) -> String {
+        NODES
+            .iter()
+            .map(|n| {
+                let text =
+                    std::fs::read_to_string(self.work.join(format!("{n}.log"))).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                format!(
+                    "--- {n} ---\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for c in &mut self.launches {
+            // The whole process group: torchrun and its workers (a stopped one too).
+            let pg = format!("-{}", c.id());
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &pg])
+                .stderr(Stdio::null())
+                .status();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn field<'a>(i: &'a Value, k: &str) -> &'a Value {
+    &i[k]
+}
+
+fn ranks(i: &Value) -> Vec<u64> {
+    field(i, "ranks")
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default()
+}
+
+fn nodes(i: &Value) -> Vec<String> {
+    field(i, "nodes")
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_real_gloo_job_is_caught_in_the_act() {
+    let Some(py) = python() else {
+        let msg = "torch is not installed in $WARDEN_VENV (run scripts/test, which installs it)";
+        assert!(std::env::var_os("CI").is_none(), "{msg}");
+        eprintln!("skipping: {msg}");
+        return;
+    };
+    let cluster = Cluster::start();
+    let mut report = vec![];
+    let warm = Duration::from_secs(240);
+
+    // (a) SIGSTOP of rank 5 (node-01) → hang naming rank 5 and node-01 within 10 s.
+    {
+        let job = Job::start(&cluster, &py, "hang", &["--steps", "100000"]);
+        // Past the detector's warm-up (32 collectives per communicator), when the bound
+        // is learned from the job's own waits rather than the 10 s default.
+        job.wait_step(45, warm);
+        let t0 = now_s();
+        job.signal(5, "-STOP");
+        let i = cluster
+            .wait_incident("hang", Duration::from_secs(10))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no hang incident within 10 s\n{}\n{}",
+                    cluster.state(),
+                    job.logs()
+                )
+            });
+        assert_eq!(field(&i, "kind"), "hang", "{i}");
+        assert_eq!(ranks(&i), [5], "{i}");
+        assert_eq!(nodes(&i), ["node-01"], "{i}");
+        let latency = field(&i, "detected_s").as_f64().unwrap_or(f64::MAX) - t0;
+        assert!(latency < 10.0, "{latency} s");
+        report.push(format!(
+            "hang: rank 5 node-01 detected {latency:.2} s after SIGSTOP"
+        ));
+    }
+
+    // (b) kill -9 of rank 2 (node-00) → crash naming rank 2 within 5 s.
+    {
+        let job = Job::start(&cluster, &py, "crash", &["--steps", "100000"]);
+        job.wait_step(45, warm);
+        let t0 = now_s();
+        job.signal(2, "-KILL");
+        let i = cluster
+            .wait_incident("crash", Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("no crash incident within 5 s\n{}", job.logs()));
+        assert_eq!(field(&i, "kind"), "crash", "{i}");
+        assert_eq!(ranks(&i), [2], "{i}");
+        assert_eq!(nodes(&i), ["node-00"], "{i}");
+        let latency = field(&i, "detected_s").as_f64().unwrap_or(f64::MAX) - t0;
+        assert!(latency < 5.0, "{latency} s");
+        report.push(format!(
+            "crash: rank 2 node-00 detected {latency:.2} s after kill -9"
+        ));
+    }
+
+    // (c) NaN in rank 6's loss at step 20 → nan naming rank 6 and step 20, before rank 0
+    // finishes step 21. Steps here take about 0.63 s (the signal path takes up to one
+    // agent flush, 100 ms here, plus one controller tick, 250 ms by default).
+    {
+        let mut job = Job::start(
+            &cluster,
+            &py,
+            "nan",
+            &[
+                "--steps",
+                "30",
+                "--compute-ms",
+                "600",
+                "--fault",
+                "nan",
+                "--fault-rank",
+                "6",
+                "--fault-step",
+                "20",
+            ],
+        );
+        job.wait_step(19, warm);
+        let i = cluster
+            .wait_incident("nan", Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("no nan incident\n{}", job.logs()));
+        assert_eq!(field(&i, "kind"), "nan", "{i}");
+        assert_eq!(ranks(&i), [6], "{i}");
+        assert_eq!(nodes(&i), ["node-01"], "{i}");
+        let summary = field(&i, "summary").as_str().unwrap_or_default();
+        assert!(summary.contains("step 20"), "{summary}");
+        let detected = field(&i, "detected_s").as_f64().unwrap_or(f64::MAX);
+        assert!(job.wait(Duration::from_secs(60)), "nan job did not finish");
+        let steps = job.steps();
+        let at = |n: u64| steps.iter().find(|(s, _)| *s == n).map(|&(_, t)| t);
+        let (s20, s21) = (at(20).expect("step 20"), at(21).expect("step 21"));
+        assert!(
+            detected <= s21,
+            "detected {:.3} s after step 20 ended, step 21 ended {:.3} s after it",
+            detected - s20,
+            s21 - s20
+        );
+        report.push(format!(
+            "nan: rank 6 step 20 detected {:.2} s after step 20 ended (a step takes {:.2} s)",
+            detected - s20,
+            s21 - s20
+        ));
+    }
+
+    // (d) rank 1 (node-00) 50% slower from step 20 → straggler naming node-00 within 20
+    // steps.
+    {
+        let mut job = Job::start(
+            &cluster,
+            &py,
+            "slow",
+            &[
+                "--steps",
+                "60",
+                "--fault",
+                "slow",
+                "--fault-rank",
+                "1",
+                "--fault-step",
+                "20",
+                "--slow-factor",
+                "1.5",
+            ],
+        );
+        job.wait_step(20, warm);
+        let i = cluster
+            .wait_incident("slow", Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("no straggler incident\n{}", job.logs()));
+        let detected_step = job.last_step().map_or(0, |(s, _)| s);
+        assert_eq!(field(&i, "kind"), "straggler", "{i}");
+        assert_eq!(nodes(&i), ["node-00"], "{i}");
+        assert!(
+            detected_step <= 40,
+            "straggler seen at step {detected_step}, more than 20 steps after it began at 20"
+        );
+        assert!(job.wait(Duration::from_secs(60)), "slow job did not finish");
+        report.push(format!(
+            "straggler: node-00 (rank {:?}) detected by step {detected_step} (slow from step 20)",
+            ranks(&i)
+        ));
+    }
+
+    // (e) A clean run → no incident, during the run or after it ended.
+    {
+        let mut job = Job::start(&cluster, &py, "clean", &["--steps", "80"]);
+        assert!(job.wait(warm), "clean job did not finish\n{}", job.logs());
+        let logs = job.logs();
+        assert!(logs.contains("done: 80 steps"), "{logs}");
+        std::thread::sleep(Duration::from_secs(3));
+        let incidents = cluster.incidents("clean");
+        assert!(incidents.is_empty(), "{incidents:?}");
+        report.push("clean: 80 steps, no incident".to_owned());
+    }
+    eprintln!("{}", report.join("\n"));
+}
