@@ -35,6 +35,45 @@ pub struct ConfigFile {
     pub logs: Option<LogsConfig>,
     /// The local log window the controller can pull from.
     pub log_window: Option<LogWindowFile>,
+    /// Collective progress reported from inside training processes.
+    pub capture: Option<CaptureFile>,
+}
+
+/// `capture:` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureFile {
+    /// Listen for training processes (default true).
+    pub enabled: Option<bool>,
+    /// The Unix datagram socket `warden_torch` sends to (default
+    /// `/run/warden/capture.sock`; processes find it through `WARDEN_AGENT_SOCKET`).
+    pub socket: Option<PathBuf>,
+    /// Where the pids of training processes are looked up (default `/proc`).
+    pub proc_root: Option<PathBuf>,
+}
+
+/// Effective job-side capture settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaptureConfig {
+    /// Listen for training processes.
+    pub enabled: bool,
+    /// The Unix datagram socket.
+    pub socket: PathBuf,
+    /// Where pids are looked up.
+    pub proc_root: PathBuf,
+}
+
+/// Default path of the capture socket.
+pub const DEFAULT_CAPTURE_SOCKET: &str = "/run/warden/capture.sock";
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            enabled: true,
+            socket: PathBuf::from(DEFAULT_CAPTURE_SOCKET),
+            proc_root: PathBuf::from("/proc"),
+        }
+    }
 }
 
 /// `controller:` section.
@@ -218,6 +257,8 @@ pub struct AgentConfig {
     pub logs: LogsConfig,
     /// Bytes of recent log lines kept for the local API.
     pub log_window_bytes: usize,
+    /// Job-side capture.
+    pub capture: CaptureConfig,
 }
 
 /// Bounds checked on the numeric settings: (field, least, most).
@@ -400,11 +441,12 @@ impl ConfigFile {
                 "kmsg" => out.kmsg = section(value, &name, origin, e),
                 "logs" => out.logs = section(value, &name, origin, e),
                 "log_window" => out.log_window = section(value, &name, origin, e),
+                "capture" => out.capture = section(value, &name, origin, e),
                 _ => errors.push(ConfigError {
                     origin: origin.to_owned(),
                     field: name.clone(),
                     message: "unknown field, expected one of node_name, listen, controller, \
-                              nvml, kmsg, logs, log_window"
+                              nvml, kmsg, logs, log_window, capture"
                         .into(),
                 }),
             }
@@ -624,6 +666,32 @@ impl AgentConfig {
             &mut log_window_bytes,
         );
 
+        let capf = parsed.capture.clone().unwrap_or_default();
+        let mut capture = CaptureConfig {
+            enabled: capf.enabled.unwrap_or(true),
+            ..CaptureConfig::default()
+        };
+        if let Some(p) = env("WARDEN_AGENT_SOCKET")
+            .map(PathBuf::from)
+            .or(capf.socket)
+        {
+            if p.is_absolute() && p.as_os_str().len() < 100 {
+                capture.socket = p;
+            } else {
+                c.push(
+                    fo,
+                    "capture.socket",
+                    format!(
+                        "{} must be an absolute path shorter than 100 bytes (a Unix socket address)",
+                        p.display()
+                    ),
+                );
+            }
+        }
+        if let Some(p) = capf.proc_root {
+            capture.proc_root = p;
+        }
+
         match node_name {
             Some(node_name) if c.errors.is_empty() => Ok(AgentConfig {
                 node_name,
@@ -633,6 +701,7 @@ impl AgentConfig {
                 kmsg,
                 logs,
                 log_window_bytes,
+                capture,
             }),
             _ => Err(ConfigErrors(c.errors)),
         }

@@ -15,11 +15,17 @@
 //! Training logs: [`logs`] tails files and CRI container logs and extracts training
 //! metrics and watchdog reports; [`window`] keeps recent lines for the local [`api`].
 //!
+//! Inside training processes: [`capture`] receives collective progress, steps and
+//! exits from `warden_torch` on a Unix socket and watches those processes' pids;
+//! [`progress`] keeps them per job and cuts them into each batch with the wire
+//! contract's redundancy.
+//!
 //! The runtime: [`config`] loads and validates the configuration, [`runtime`] wires the
 //! [`collectors`] and [`ship`] (batching, bounded buffer, delivery), [`metrics`] holds
 //! the agent's own metrics.
 
 pub mod api;
+pub mod capture;
 pub mod collectors;
 pub mod config;
 pub mod dedup;
@@ -31,6 +37,7 @@ pub mod logs_collector;
 pub mod metrics;
 pub mod nvml;
 pub mod pci;
+pub mod progress;
 pub mod runtime;
 pub mod ship;
 pub mod window;

@@ -41,6 +41,10 @@ pub struct AgentMetrics {
     pub log_files_open: IntGauge,
     /// Training metrics extracted from logs.
     pub log_metrics: IntCounter,
+    /// Capture-socket messages from training processes, by `kind`.
+    pub capture_messages: IntCounterVec,
+    /// Training-process ranks the job-side capture knows on this node.
+    pub capture_ranks: IntGauge,
 }
 
 /// Raise `c` to `total` when the running total moved past it.
@@ -169,6 +173,17 @@ impl AgentMetrics {
                 r,
                 "warden_agent_log_metrics_total",
                 "Training metrics (step, loss, grad norm) extracted from logs.",
+            )?,
+            capture_messages: counter_vec(
+                r,
+                "warden_agent_capture_messages_total",
+                "Messages from training processes on the capture socket, by kind (hello, comm, start, end, step, exit, invalid, unknown_sender).",
+                &["kind"],
+            )?,
+            capture_ranks: gauge(
+                r,
+                "warden_agent_capture_ranks",
+                "Training-process ranks on this node that report through the job-side capture.",
             )?,
         })
     }

@@ -276,6 +276,8 @@ pub async fn run(
     let mut threads = Vec::new();
     threads.extend(start_kmsg(&cfg, &shared, &boot_id));
     threads.extend(crate::collectors::start(&cfg, &shared, &registry));
+    let progress = crate::progress::Progress::default();
+    threads.extend(crate::capture::start(&cfg.capture, &shared, &progress));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let shipper = match &cfg.ship.url {
@@ -284,7 +286,8 @@ pub async fn run(
                 .map_err(RunError::Url)?;
             let sh = Shipper::new(cfg.ship.clone(), transport, id.clone())
                 .with_metrics(metrics.clone())
-                .with_collectors_down(shared.collectors_down.clone());
+                .with_collectors_down(shared.collectors_down.clone())
+                .with_progress(progress.clone());
             tracing::info!(controller = %url, "shipping to the controller");
             Some(tokio::spawn(sh.run(shared.pending.clone(), stop_rx)))
         }

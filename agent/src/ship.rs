@@ -84,6 +84,44 @@ impl Pending {
         }
     }
 
+    /// Add everything in `sig` to its job's signals; records beyond the bound are
+    /// dropped and counted, whole kinds at a time, registrations first.
+    pub fn job_signals(&mut self, sig: JobSignals) {
+        let JobSignals {
+            job,
+            ranks,
+            comms,
+            collectives,
+            metrics,
+            processes,
+            logs,
+        } = sig;
+        let parts = [
+            ranks.len(),
+            comms.len(),
+            processes.len(),
+            metrics.len(),
+            collectives.len(),
+            logs.len(),
+        ];
+        let room: Vec<bool> = parts.iter().map(|&n| n == 0 || self.room(n)).collect();
+        if parts.iter().all(|&n| n == 0) {
+            return;
+        }
+        fn keep<T>(ok: bool, from: Vec<T>, into: &mut Vec<T>) {
+            if ok {
+                into.extend(from);
+            }
+        }
+        let j = self.job(&job);
+        keep(room[0], ranks, &mut j.ranks);
+        keep(room[1], comms, &mut j.comms);
+        keep(room[2], processes, &mut j.processes);
+        keep(room[3], metrics, &mut j.metrics);
+        keep(room[4], collectives, &mut j.collectives);
+        keep(room[5], logs, &mut j.logs);
+    }
+
     /// Add a log line of `job`.
     pub fn log(&mut self, job: &str, r: LogRecord) {
         if self.room(1) {
@@ -99,6 +137,12 @@ impl Pending {
     /// Nothing waiting.
     pub fn is_empty(&self) -> bool {
         self.records == 0
+    }
+
+    /// The job signals waiting, taken out (tests look at what collectors produced).
+    #[cfg(test)]
+    pub(crate) fn take_jobs(&mut self) -> Vec<JobSignals> {
+        self.take().2
     }
 
     fn take(&mut self) -> (Vec<GpuSample>, Vec<NodeEvent>, Vec<JobSignals>, usize) {
@@ -357,6 +401,8 @@ pub struct Shipper<T> {
     rng: SmallRng,
     metrics: Option<Arc<AgentMetrics>>,
     collectors_down: Arc<Mutex<Vec<String>>>,
+    /// Job-side progress, cut into the pending set just before each seal.
+    progress: Option<crate::progress::Progress>,
     frame: Vec<u8>,
     /// Records refused by the controller (400, 413), since start.
     refused_records: u64,
@@ -383,6 +429,7 @@ impl<T: Transport> Shipper<T> {
             rng: SmallRng::seed_from_u64(wall_ns() as u64),
             metrics: None,
             collectors_down: Arc::default(),
+            progress: None,
             frame: Vec::new(),
             refused_records: 0,
             pending_dropped: 0,
@@ -399,6 +446,13 @@ impl<T: Transport> Shipper<T> {
     /// The list of collectors that are down, sent in every heartbeat.
     pub fn with_collectors_down(mut self, down: Arc<Mutex<Vec<String>>>) -> Self {
         self.collectors_down = down;
+        self
+    }
+
+    /// Cut `progress` into every batch as it is sealed (in-flight collectives are
+    /// re-sent in each batch, so they belong to the seal, not to a separate timer).
+    pub fn with_progress(mut self, progress: crate::progress::Progress) -> Self {
+        self.progress = Some(progress);
         self
     }
 
@@ -445,6 +499,9 @@ impl<T: Transport> Shipper<T> {
     pub fn seal(&mut self, pending: &SharedPending) -> usize {
         let (gpus, events, jobs, n) = {
             let mut p = lock(pending);
+            if let Some(progress) = &self.progress {
+                progress.flush(wall_ns(), &mut p);
+            }
             self.pending_dropped = p.dropped;
             if p.is_empty() {
                 return 0;

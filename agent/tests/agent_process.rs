@@ -28,10 +28,12 @@ fn config(
             "node_name: gpu-node-3\nlisten: 127.0.0.1:{agent}\n\
              controller:\n  url: http://127.0.0.1:{controller}\n  flush_interval_ms: 200\n\
              nvml:\n  library: {}\n  interval_ms: 200\n  dcgm_compat: true\n\
-             kmsg:\n  path: {}\n  boot_id_path: {}\n",
+             kmsg:\n  path: {}\n  boot_id_path: {}\n\
+             capture:\n  socket: {}\n",
             lib.display(),
             kmsg.display(),
-            boot.display()
+            boot.display(),
+            dir.join("capture.sock").display()
         ),
     )
     .expect("config");

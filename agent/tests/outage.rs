@@ -50,9 +50,11 @@ fn controller_outage_is_survived_within_the_buffer_bound() {
              buffer_max_bytes: {bound}\n  backoff_initial_ms: 100\n  backoff_max_ms: 2000\n\
              nvml:\n  library: /nonexistent/libnvidia-ml.so.1\n\
              kmsg:\n  path: {}\n  boot_id_path: {}\n\
+             capture:\n  socket: {}\n\
              logs:\n  sources:\n    - paths: [\"{}\"]\n      job: outage-job\n      rank: 0\n",
             kmsg.display(),
             boot.display(),
+            dir.path().join("capture.sock").display(),
             log.display()
         ),
     )

@@ -781,11 +781,13 @@ fn agent_config(dir: &Path, lib: &Path, port: u16, controller: &str) -> PathBuf 
              controller:\n  url: http://{controller}\n  flush_interval_ms: 500\n\
              nvml:\n  library: {}\n  interval_ms: 500\n\
              kmsg:\n  path: {}\n  boot_id_path: {}\n\
+             capture:\n  socket: {}\n\
              logs:\n  sources:\n    - paths: [\"{}/*.log\"]\n      job: live-train\n      rank: 0\n  \
              start_at: beginning\n  rescan_interval_ms: 500\n  partial_flush_ms: 200\n",
             lib.display(),
             kmsg.display(),
             boot.display(),
+            dir.join("capture.sock").display(),
             logs.display()
         ),
     )

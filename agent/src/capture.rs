@@ -1,0 +1,863 @@
+//! The job-side capture socket: training processes (through the `warden_torch` Python
+//! package) send small datagrams to a Unix socket of the agent — who they are, the
+//! communicators they use, each collective they enter and complete, each step's loss
+//! and grad norm, their own exit — and the agent turns them into [`Progress`]. The agent
+//! also watches the pids it heard from: a process that vanishes without saying goodbye
+//! (kill -9, OOM killer, segfault) is reported as an exit, with its wait status when the
+//! kernel still holds it.
+//!
+//! Datagram format (little-endian; docs/CAPTURE.md is the reference): a 12-byte header
+//! `b"WT"`, version `1`, kind, pid `u32`, rank `u32`, then the kind's body.
+//!
+//! | kind | body |
+//! |------|------|
+//! | 1 hello | world `u32`, local rank `i32`, GPU index `i32` (-1: none), job: `u16` length + UTF-8 |
+//! | 2 comm  | comm `u64`, size `u32`, rank in comm `u32`, name: `u16` length + UTF-8 |
+//! | 3 start | comm `u64`, seq `u64`, op `u32` (wire `CollOp`), bytes `u64`, at `i64` ns |
+//! | 4 end   | comm `u64`, seq `u64`, at `i64` ns |
+//! | 5 step  | step `u64`, at `i64` ns, flags `u32` (1 loss, 2 grad norm, 4 tokens/s), loss `f64`, grad norm `f64`, tokens/s `f64` |
+//! | 6 exit  | code `i32`, at `i64` ns, message: `u16` length + UTF-8 |
+//!
+//! Times are the sender's `CLOCK_REALTIME`, the same clock the agent stamps with.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use warden_model::wire::{
+    CollectiveEvent, CommInfo, LogRecord, LogStream, ProcessState, RankInfo, TrainingMetric,
+};
+
+use crate::progress::Progress;
+use crate::ship::wall_ns;
+
+/// Datagram magic.
+pub const MAGIC: &[u8; 2] = b"WT";
+/// Datagram format version.
+pub const VERSION: u8 = 1;
+/// Header length, bytes.
+pub const HEADER_LEN: usize = 12;
+/// Longest datagram read; longer ones are cut and refused.
+const MAX_DATAGRAM: usize = 8192;
+/// Most processes tracked at once; hellos beyond are refused.
+const MAX_PROCESSES: usize = 4096;
+/// Longest job id accepted, bytes.
+const MAX_JOB_LEN: usize = 253;
+
+/// One decoded message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    /// A process introduces itself.
+    Hello {
+        /// Ranks in the job.
+        world: u32,
+        /// Rank on this node, when known.
+        local_rank: Option<u32>,
+        /// GPU index, when it uses one.
+        gpu: Option<u32>,
+        /// Job id.
+        job: String,
+    },
+    /// The process is a member of a communicator.
+    Comm {
+        /// Communicator id.
+        comm: u64,
+        /// Members.
+        size: u32,
+        /// The process's rank within it.
+        comm_rank: u32,
+        /// Name (process group name or description).
+        name: String,
+    },
+    /// The process entered a collective.
+    Start {
+        /// Communicator id.
+        comm: u64,
+        /// Sequence number within the communicator (1, 2, ...).
+        seq: u64,
+        /// Wire `CollOp`.
+        op: u32,
+        /// Payload bytes.
+        bytes: u64,
+        /// When, ns.
+        at_ns: i64,
+    },
+    /// The collective completed on this process.
+    End {
+        /// Communicator id.
+        comm: u64,
+        /// Sequence number.
+        seq: u64,
+        /// When, ns.
+        at_ns: i64,
+    },
+    /// A training step's numbers.
+    Step {
+        /// Step.
+        step: u64,
+        /// When, ns.
+        at_ns: i64,
+        /// Loss.
+        loss: Option<f64>,
+        /// Gradient norm.
+        grad_norm: Option<f64>,
+        /// Throughput.
+        tokens_per_s: Option<f64>,
+    },
+    /// The process is exiting.
+    Exit {
+        /// Exit code it expects (1 after an uncaught exception).
+        code: i32,
+        /// When, ns.
+        at_ns: i64,
+        /// The exception's last line, if any.
+        message: String,
+    },
+}
+
+impl Message {
+    /// The `kind` label of the message metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Hello { .. } => "hello",
+            Message::Comm { .. } => "comm",
+            Message::Start { .. } => "start",
+            Message::End { .. } => "end",
+            Message::Step { .. } => "step",
+            Message::Exit { .. } => "exit",
+        }
+    }
+}
+
+/// Why a datagram was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not ours, or a version this agent does not speak.
+    #[error("not a capture datagram (bad magic or version)")]
+    Header,
+    /// Shorter than its kind needs.
+    #[error("datagram truncated")]
+    Truncated,
+    /// A kind this agent does not know.
+    #[error("unknown message kind {0}")]
+    Kind(u8),
+    /// A string is not UTF-8 or too long.
+    #[error("bad string field")]
+    Text,
+}
+
+/// A little-endian reader over one datagram.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let (head, rest) = self.0.split_at_checked(N).ok_or(DecodeError::Truncated)?;
+        self.0 = rest;
+        head.try_into().map_err(|_| DecodeError::Truncated)
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        self.take().map(u32::from_le_bytes)
+    }
+    fn i32(&mut self) -> Result<i32, DecodeError> {
+        self.take().map(i32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        self.take().map(u64::from_le_bytes)
+    }
+    fn i64(&mut self) -> Result<i64, DecodeError> {
+        self.take().map(i64::from_le_bytes)
+    }
+    fn f64(&mut self) -> Result<f64, DecodeError> {
+        self.take().map(f64::from_le_bytes)
+    }
+    fn text(&mut self, max: usize) -> Result<String, DecodeError> {
+        let n = u16::from_le_bytes(self.take()?) as usize;
+        let (head, rest) = self.0.split_at_checked(n).ok_or(DecodeError::Truncated)?;
+        self.0 = rest;
+        if n > max {
+            return Err(DecodeError::Text);
+        }
+        std::str::from_utf8(head)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::Text)
+    }
+}
+
+/// Decode one datagram into (pid, rank, message).
+pub fn decode(d: &[u8]) -> Result<(u32, u32, Message), DecodeError> {
+    if d.len() < HEADER_LEN || &d[0..2] != MAGIC || d[2] != VERSION {
+        return Err(DecodeError::Header);
+    }
+    let kind = d[3];
+    let mut f = Fields(&d[4..]);
+    let pid = f.u32()?;
+    let rank = f.u32()?;
+    let opt = |v: i32| u32::try_from(v).ok();
+    let msg = match kind {
+        1 => Message::Hello {
+            world: f.u32()?,
+            local_rank: opt(f.i32()?),
+            gpu: opt(f.i32()?),
+            job: f.text(MAX_JOB_LEN)?,
+        },
+        2 => Message::Comm {
+            comm: f.u64()?,
+            size: f.u32()?,
+            comm_rank: f.u32()?,
+            name: f.text(256)?,
+        },
+        3 => Message::Start {
+            comm: f.u64()?,
+            seq: f.u64()?,
+            op: f.u32()?,
+            bytes: f.u64()?,
+            at_ns: f.i64()?,
+        },
+        4 => Message::End {
+            comm: f.u64()?,
+            seq: f.u64()?,
+            at_ns: f.i64()?,
+        },
+        5 => {
+            let step = f.u64()?;
+            let at_ns = f.i64()?;
+            let flags = f.u32()?;
+            let (loss, grad, tps) = (f.f64()?, f.f64()?, f.f64()?);
+            let pick = |bit: u32, v: f64| (flags & bit != 0).then_some(v);
+            Message::Step {
+                step,
+                at_ns,
+                loss: pick(1, loss),
+                grad_norm: pick(2, grad),
+                tokens_per_s: pick(4, tps),
+            }
+        }
+        6 => Message::Exit {
+            code: f.i32()?,
+            at_ns: f.i64()?,
+            message: f.text(4096)?,
+        },
+        k => return Err(DecodeError::Kind(k)),
+    };
+    if rank >= warden_model::wire::MAX_RANK {
+        return Err(DecodeError::Truncated);
+    }
+    Ok((pid, rank, msg))
+}
+
+/// What became of a process the agent watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// Running (or stopped: a SIGSTOPped process is alive).
+    Alive,
+    /// Dead but not yet reaped: its wait status.
+    Zombie(i32),
+    /// Gone.
+    Gone,
+}
+
+/// Look a pid up in `proc_root` (normally `/proc`).
+pub fn liveness(proc_root: &Path, pid: u32) -> Liveness {
+    let stat = match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
+        Ok(s) => s,
+        Err(_) => return Liveness::Gone,
+    };
+    // Fields after the command name (which may hold spaces and parentheses): state is
+    // field 3, exit_code field 52.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return Liveness::Alive;
+    };
+    let fields: Vec<&str> = rest.split_ascii_whitespace().collect();
+    match fields.first() {
+        Some(&"Z") | Some(&"X") => {
+            let status = fields.get(49).and_then(|s| s.parse().ok()).unwrap_or(0);
+            Liveness::Zombie(status)
+        }
+        _ => Liveness::Alive,
+    }
+}
+
+/// A process the capture heard from.
+#[derive(Debug, Clone)]
+struct Member {
+    job: String,
+    rank: u32,
+    /// Last time it was seen alive (agent clock, ns).
+    alive_at_ns: i64,
+    /// It said goodbye (its exit is already reported).
+    said_exit: bool,
+}
+
+/// The receiving end: turns datagrams into progress and watches the senders' pids.
+#[derive(Debug)]
+pub struct Capture {
+    progress: Progress,
+    proc_root: PathBuf,
+    members: HashMap<u32, Member>,
+    /// Messages handled, by kind (tests and metrics read it).
+    pub counts: HashMap<&'static str, u64>,
+}
+
+impl Capture {
+    /// A capture feeding `progress`, looking pids up under `proc_root`.
+    pub fn new(progress: Progress, proc_root: impl Into<PathBuf>) -> Capture {
+        Capture {
+            progress,
+            proc_root: proc_root.into(),
+            members: HashMap::new(),
+            counts: HashMap::new(),
+        }
+    }
+
+    fn count(&mut self, kind: &'static str) {
+        *self.counts.entry(kind).or_default() += 1;
+    }
+
+    /// Ranks known now.
+    pub fn ranks(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Handle one datagram received at `now_ns`; returns the metric kind it counted as.
+    pub fn handle(&mut self, datagram: &[u8], now_ns: i64) -> &'static str {
+        let (pid, rank, msg) = match decode(datagram) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, "capture: refused a datagram");
+                self.count("invalid");
+                return "invalid";
+            }
+        };
+        let kind = msg.kind();
+        if let Message::Hello {
+            world,
+            local_rank: _,
+            gpu,
+            job,
+        } = &msg
+        {
+            if job.is_empty()
+                || (!self.members.contains_key(&pid) && self.members.len() >= MAX_PROCESSES)
+            {
+                self.count("invalid");
+                return "invalid";
+            }
+            let fresh = self
+                .members
+                .get(&pid)
+                .is_none_or(|m| m.job != *job || m.rank != rank);
+            self.members.insert(
+                pid,
+                Member {
+                    job: job.clone(),
+                    rank,
+                    alive_at_ns: now_ns,
+                    said_exit: false,
+                },
+            );
+            self.progress.rank(
+                job,
+                RankInfo {
+                    rank,
+                    world_size: *world,
+                    pid,
+                    gpu_index: *gpu,
+                    gpu_uuid: String::new(),
+                },
+            );
+            if fresh {
+                tracing::info!(job = %job, rank, pid, "training process registered");
+                self.progress.process(
+                    job,
+                    ProcessState {
+                        rank,
+                        pid,
+                        at_ns: now_ns,
+                        alive: true,
+                        exit_code: None,
+                        signal: None,
+                    },
+                );
+            }
+            self.count(kind);
+            return kind;
+        }
+        let Some(member) = self.members.get_mut(&pid).filter(|m| m.rank == rank) else {
+            self.count("unknown_sender");
+            return "unknown_sender";
+        };
+        member.alive_at_ns = now_ns;
+        let job = member.job.clone();
+        match msg {
+            Message::Hello { .. } => {}
+            Message::Comm {
+                comm,
+                size,
+                comm_rank,
+                name,
+            } => self.progress.comm(
+                &job,
+                CommInfo {
+                    comm,
+                    name,
+                    size,
+                    rank,
+                    comm_rank,
+                },
+            ),
+            Message::Start {
+                comm,
+                seq,
+                op,
+                bytes,
+                at_ns,
+            } => self.progress.started(
+                &job,
+                CollectiveEvent {
+                    comm,
+                    rank,
+                    seq,
+                    op: i32::try_from(op).unwrap_or(0),
+                    bytes,
+                    start_ns: at_ns,
+                    end_ns: 0,
+                    xfer_ns: 0,
+                },
+            ),
+            Message::End { comm, seq, at_ns } => self.progress.completed(
+                &job,
+                CollectiveEvent {
+                    comm,
+                    rank,
+                    seq,
+                    end_ns: at_ns.max(1),
+                    ..CollectiveEvent::default()
+                },
+            ),
+            Message::Step {
+                step,
+                at_ns,
+                loss,
+                grad_norm,
+                tokens_per_s,
+            } => self.progress.metric(
+                &job,
+                TrainingMetric {
+                    rank,
+                    step,
+                    at_ns,
+                    loss,
+                    grad_norm,
+                    tokens_per_s,
+                },
+            ),
+            Message::Exit {
+                code,
+                at_ns,
+                message,
+            } => {
+                member.said_exit = true;
+                if !message.is_empty() {
+                    self.progress.log(
+                        &job,
+                        LogRecord {
+                            rank: Some(rank),
+                            at_ns,
+                            stream: LogStream::Stderr as i32,
+                            line: message,
+                        },
+                    );
+                }
+                self.progress.process(
+                    &job,
+                    ProcessState {
+                        rank,
+                        pid,
+                        at_ns,
+                        alive: false,
+                        exit_code: Some(code),
+                        signal: None,
+                    },
+                );
+            }
+        }
+        self.count(kind);
+        kind
+    }
+
+    /// Look at every known pid; report those that vanished without saying goodbye.
+    pub fn check_pids(&mut self, now_ns: i64) {
+        let mut gone = vec![];
+        for (&pid, m) in &mut self.members {
+            match liveness(&self.proc_root, pid) {
+                Liveness::Alive => m.alive_at_ns = now_ns,
+                state => gone.push((pid, state)),
+            }
+        }
+        for (pid, state) in gone {
+            let Some(m) = self.members.remove(&pid) else {
+                continue;
+            };
+            if m.said_exit {
+                continue;
+            }
+            // It died between the last look and this one: halfway is the best guess.
+            let at_ns = m.alive_at_ns + (now_ns - m.alive_at_ns) / 2;
+            let (exit_code, signal) = match state {
+                Liveness::Zombie(status) if status & 0x7f != 0 => (None, Some(status & 0x7f)),
+                Liveness::Zombie(status) => (Some((status >> 8) & 0xff), None),
+                _ => (None, None),
+            };
+            tracing::warn!(job = %m.job, rank = m.rank, pid, ?exit_code, ?signal, "training process vanished without an exit report");
+            self.progress.process(
+                &m.job,
+                ProcessState {
+                    rank: m.rank,
+                    pid,
+                    at_ns,
+                    alive: false,
+                    exit_code,
+                    signal,
+                },
+            );
+        }
+    }
+}
+
+/// Bind the capture socket at `path`: its directory is created, a stale socket left
+/// by an earlier agent is replaced, and the socket is made writable by every local
+/// user (training processes run as any user; see docs/CAPTURE.md for what that trusts).
+pub fn bind(path: &Path) -> io::Result<UnixDatagram> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", path.display()),
+                ));
+            }
+            // A socket someone still listens on belongs to a running agent: leave it.
+            if UnixDatagram::unbound()
+                .and_then(|c| c.connect(path))
+                .is_ok()
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is in use by another process", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let sock = UnixDatagram::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    Ok(sock)
+}
+
+/// How often pids are looked at, and the longest a receive waits.
+pub const PID_CHECK_EVERY: Duration = Duration::from_millis(50);
+
+/// The longest a receive waits while no process is watched.
+const IDLE_WAIT: Duration = Duration::from_secs(1);
+
+/// Receive on `sock` until `keep_going` says stop; `on_message` sees each message kind.
+pub fn serve(
+    sock: &UnixDatagram,
+    capture: &mut Capture,
+    mut keep_going: impl FnMut(&Capture) -> bool,
+    mut on_message: impl FnMut(&'static str),
+) -> io::Result<()> {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut checked = Instant::now();
+    let mut watching = None;
+    while keep_going(capture) {
+        // With no process to watch there is nothing to look at between datagrams: wake
+        // once a second (to notice the stop) instead of twenty times.
+        let now_watching = capture.ranks() > 0;
+        if watching != Some(now_watching) {
+            watching = Some(now_watching);
+            let wait = if now_watching {
+                PID_CHECK_EVERY
+            } else {
+                IDLE_WAIT
+            };
+            sock.set_read_timeout(Some(wait))?;
+        }
+        match sock.recv(&mut buf) {
+            Ok(n) => {
+                let kind = capture.handle(&buf[..n.min(buf.len())], wall_ns());
+                on_message(kind);
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(e),
+        }
+        if checked.elapsed() >= PID_CHECK_EVERY {
+            checked = Instant::now();
+            capture.check_pids(wall_ns());
+        }
+    }
+    Ok(())
+}
+
+/// Start the capture thread when enabled: it binds the socket (a failure marks the
+/// `capture` collector down and leaves the rest of the agent running) and feeds
+/// `progress` until the agent stops.
+pub fn start(
+    cfg: &crate::config::CaptureConfig,
+    shared: &crate::runtime::Shared,
+    progress: &Progress,
+) -> Option<std::thread::JoinHandle<()>> {
+    if !cfg.enabled {
+        return None;
+    }
+    let sock = match bind(&cfg.socket) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(socket = %cfg.socket.display(), error = %e, "job-side capture is down: cannot bind its socket");
+            shared.set_up("capture", false);
+            return None;
+        }
+    };
+    shared.set_up("capture", true);
+    tracing::info!(socket = %cfg.socket.display(), "job-side capture listening");
+    let mut capture = Capture::new(progress.clone(), cfg.proc_root.clone());
+    let (shared, path) = (shared.clone(), cfg.socket.clone());
+    crate::collectors::spawn("capture", move || {
+        let metrics = shared.metrics.clone();
+        let stop = shared.stop.clone();
+        let result = serve(
+            &sock,
+            &mut capture,
+            |c| {
+                metrics.capture_ranks.set(c.ranks() as i64);
+                !stop.is_raised()
+            },
+            |kind| metrics.capture_messages.with_label_values(&[kind]).inc(),
+        );
+        if let Err(e) = result {
+            tracing::error!(error = %e, "job-side capture stopped");
+            shared.set_up("capture", false);
+        }
+        let _ = std::fs::remove_file(&path);
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ship::Pending;
+
+    fn header(kind: u8, pid: u32, rank: u32) -> Vec<u8> {
+        let mut d = b"WT".to_vec();
+        d.push(VERSION);
+        d.push(kind);
+        d.extend(pid.to_le_bytes());
+        d.extend(rank.to_le_bytes());
+        d
+    }
+
+    fn text(d: &mut Vec<u8>, s: &str) {
+        d.extend((s.len() as u16).to_le_bytes());
+        d.extend(s.as_bytes());
+    }
+
+    fn hello(pid: u32, rank: u32, job: &str) -> Vec<u8> {
+        let mut d = header(1, pid, rank);
+        d.extend(8u32.to_le_bytes());
+        d.extend(1i32.to_le_bytes());
+        d.extend((-1i32).to_le_bytes());
+        text(&mut d, job);
+        d
+    }
+
+    fn start(pid: u32, rank: u32, seq: u64, at: i64) -> Vec<u8> {
+        let mut d = header(3, pid, rank);
+        d.extend(9u64.to_le_bytes());
+        d.extend(seq.to_le_bytes());
+        d.extend(1u32.to_le_bytes());
+        d.extend(4096u64.to_le_bytes());
+        d.extend(at.to_le_bytes());
+        d
+    }
+
+    fn end(pid: u32, rank: u32, seq: u64, at: i64) -> Vec<u8> {
+        let mut d = header(4, pid, rank);
+        d.extend(9u64.to_le_bytes());
+        d.extend(seq.to_le_bytes());
+        d.extend(at.to_le_bytes());
+        d
+    }
+
+    fn fake_proc(pids: &[(u32, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (pid, stat) in pids {
+            let p = dir.path().join(pid.to_string());
+            std::fs::create_dir_all(&p).expect("pid dir");
+            std::fs::write(p.join("stat"), stat).expect("stat");
+        }
+        dir
+    }
+
+    #[test]
+    fn every_kind_decodes_and_truncation_is_refused() {
+        let h = hello(42, 3, "job-1");
+        assert_eq!(
+            decode(&h),
+            Ok((
+                42,
+                3,
+                Message::Hello {
+                    world: 8,
+                    local_rank: Some(1),
+                    gpu: None,
+                    job: "job-1".into()
+                }
+            ))
+        );
+        for n in 0..h.len() {
+            assert!(
+                decode(&h[..n]).is_err(),
+                "a {n}-byte prefix must be refused"
+            );
+        }
+        let mut step = header(5, 42, 3);
+        step.extend(7u64.to_le_bytes());
+        step.extend(5i64.to_le_bytes());
+        step.extend(3u32.to_le_bytes());
+        step.extend(f64::NAN.to_le_bytes());
+        step.extend(2.5f64.to_le_bytes());
+        step.extend(99f64.to_le_bytes());
+        let Ok((
+            _,
+            _,
+            Message::Step {
+                loss,
+                grad_norm,
+                tokens_per_s,
+                ..
+            },
+        )) = decode(&step)
+        else {
+            panic!("step does not decode");
+        };
+        assert!(loss.is_some_and(f64::is_nan));
+        assert_eq!((grad_norm, tokens_per_s), (Some(2.5), None));
+        assert_eq!(decode(&header(99, 1, 1)), Err(DecodeError::Kind(99)));
+        let mut bad = hello(1, 1, "j");
+        bad[2] = 2;
+        assert_eq!(decode(&bad), Err(DecodeError::Header));
+        let mut utf = header(6, 1, 1);
+        utf.extend(1i32.to_le_bytes());
+        utf.extend(0i64.to_le_bytes());
+        utf.extend(2u16.to_le_bytes());
+        utf.extend([0xff, 0xfe]);
+        assert_eq!(decode(&utf), Err(DecodeError::Text));
+    }
+
+    #[test]
+    fn messages_become_progress_and_strangers_are_ignored() {
+        let procs = fake_proc(&[(42, "42 (python3) S 1 2 3")]);
+        let progress = Progress::default();
+        let mut cap = Capture::new(progress.clone(), procs.path());
+        assert_eq!(cap.handle(&start(42, 3, 1, 100), 1), "unknown_sender");
+        assert_eq!(cap.handle(&hello(42, 3, "job-1"), 1), "hello");
+        assert_eq!(cap.handle(&start(42, 3, 1, 100), 2), "start");
+        assert_eq!(
+            cap.handle(&start(42, 4, 1, 100), 2),
+            "unknown_sender",
+            "rank must match"
+        );
+        let mut pending = Pending::default();
+        progress.flush(1_000, &mut pending);
+        let jobs = pending.take_jobs();
+        assert_eq!(jobs[0].job, "job-1");
+        assert_eq!(jobs[0].ranks[0].pid, 42);
+        assert_eq!(jobs[0].processes.len(), 1, "process start");
+        assert_eq!(jobs[0].collectives[0].start_ns, 100);
+        assert!(jobs[0].collectives[0].in_flight());
+
+        assert_eq!(cap.handle(&end(42, 3, 1, 300), 3), "end");
+        progress.flush(2_000, &mut pending);
+        let jobs = pending.take_jobs();
+        let c = &jobs[0].collectives[0];
+        assert_eq!((c.start_ns, c.end_ns, c.bytes, c.op), (100, 300, 4096, 1));
+        assert_eq!(cap.handle(b"garbage", 4), "invalid");
+    }
+
+    #[test]
+    fn a_vanished_process_is_an_exit_and_a_zombie_tells_its_signal() {
+        // pid 7: gone; pid 8: zombie killed by SIGKILL (status 9); pid 9: said goodbye.
+        let mut zombie = "8 (python3) Z".to_owned();
+        for _ in 0..48 {
+            zombie.push_str(" 0");
+        }
+        zombie.push_str(" 9");
+        let procs = fake_proc(&[(8, &zombie)]);
+        let progress = Progress::default();
+        let mut cap = Capture::new(progress.clone(), procs.path());
+        for (pid, rank) in [(7, 0), (8, 1), (9, 2)] {
+            cap.handle(&hello(pid, rank, "j"), 1_000);
+        }
+        let mut bye = header(6, 9, 2);
+        bye.extend(1i32.to_le_bytes());
+        bye.extend(1_500i64.to_le_bytes());
+        text(&mut bye, "RuntimeError: Connection closed by peer");
+        cap.handle(&bye, 1_500);
+        cap.check_pids(3_000);
+        assert_eq!(cap.ranks(), 0);
+        let mut pending = Pending::default();
+        progress.flush(4_000, &mut pending);
+        let jobs = pending.take_jobs();
+        let exits: Vec<_> = jobs[0].processes.iter().filter(|p| !p.alive).collect();
+        assert_eq!(exits.len(), 3, "{exits:?}");
+        let by_rank = |r| exits.iter().find(|p| p.rank == r).expect("exit of rank");
+        assert_eq!(
+            (by_rank(0).exit_code, by_rank(0).signal, by_rank(0).at_ns),
+            (None, None, 2_000)
+        );
+        assert_eq!((by_rank(1).exit_code, by_rank(1).signal), (None, Some(9)));
+        assert_eq!((by_rank(2).exit_code, by_rank(2).at_ns), (Some(1), 1_500));
+        assert_eq!(
+            jobs[0].logs[0].line,
+            "RuntimeError: Connection closed by peer"
+        );
+    }
+
+    #[test]
+    fn bind_replaces_a_stale_socket_but_not_a_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("sub/capture.sock");
+        let first = bind(&path).expect("bind");
+        let err = bind(&path).expect_err("a live socket is not taken over");
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+        drop(first);
+        let sock = bind(&path).expect("rebind over a stale socket");
+        let client = UnixDatagram::unbound().expect("client");
+        client
+            .send_to(&hello(std::process::id(), 0, "j"), &path)
+            .expect("send");
+        let progress = Progress::default();
+        let mut cap = Capture::new(progress, "/proc");
+        let mut seen = vec![];
+        serve(&sock, &mut cap, |c| c.ranks() == 0, |k| seen.push(k)).expect("serve");
+        assert_eq!(seen, vec!["hello"]);
+        let file = dir.path().join("plain");
+        std::fs::write(&file, "x").expect("file");
+        assert!(bind(&file).is_err(), "a regular file is never removed");
+    }
+}
