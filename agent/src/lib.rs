@@ -17,7 +17,9 @@
 //!
 //! Inside training processes: [`capture`] receives collective progress, steps and
 //! exits from `warden_torch` on a Unix socket and watches those processes' pids;
-//! [`progress`] keeps them per job and cuts them into each batch with the wire
+//! [`nccl`] reads the shared-memory segments of the `warden-nccl-profiler` NCCL plugin
+//! (collectives entered and completed per communicator, processes that died in them);
+//! [`progress`] keeps both per job and cuts them into each batch with the wire
 //! contract's redundancy.
 //!
 //! The runtime: [`config`] loads and validates the configuration, [`runtime`] wires the
@@ -35,6 +37,7 @@ pub mod kmsg;
 pub mod logs;
 pub mod logs_collector;
 pub mod metrics;
+pub mod nccl;
 pub mod nvml;
 pub mod pci;
 pub mod progress;

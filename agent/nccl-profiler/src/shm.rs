@@ -1,0 +1,797 @@
+//! The writing side: a communicator's context (its mapped segment and its pool of event
+//! slots), segment files, and lock-free record writes.
+//!
+//! The mapping of a context is never unmapped while the process lives: finalize maps
+//! anonymous memory over the same addresses (`MAP_FIXED` replaces a mapping in one
+//! step), so a stray late event can never touch unmapped memory, and the next init that
+//! reuses the context maps its new file over the same addresses again. Contexts are kept
+//! in a process-wide free list for that reuse; they are never freed.
+
+use std::ffi::c_void;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::{Mutex, PoisonError};
+
+use crate::config::Config;
+use crate::layout::{self, Info, SEGMENT_SIZE, off};
+
+/// Event slots per communicator. A slot stays with its operation until the operation's
+/// stop event and all its child events are done, and is handed out again only after
+/// all other slots were (round robin), so a child event that arrives late still finds
+/// its parent. When all are busy, the operation is not recorded (counted).
+pub const SLOTS: usize = 512;
+
+/// How many times a writer retries a record another writer holds before giving up on
+/// the write (counted). A write takes tens of nanoseconds, so this is never reached
+/// unless the other writer was descheduled in the middle.
+const WRITE_SPINS: u32 = 64;
+
+/// How many slots a start event looks at before it gives up.
+const SLOT_PROBES: u32 = 8;
+
+/// Why a segment could not be made; the communicator then runs without the plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("segment directory {dir} is not there (create it to enable Warden's NCCL profiler)")]
+    MissingDir { dir: PathBuf },
+    #[error("segment directory {dir}: {source}")]
+    Dir { dir: PathBuf, source: io::Error },
+    #[error("cannot create segment {path}: {source}")]
+    Create { path: PathBuf, source: io::Error },
+    #[error("cannot size segment {path}: {source}")]
+    Size { path: PathBuf, source: io::Error },
+    #[error("cannot map segment {path}: {source}")]
+    Map { path: PathBuf, source: io::Error },
+}
+
+/// CLOCK_REALTIME in ns since the Unix epoch (through the vDSO: no system call).
+#[inline]
+#[allow(clippy::unnecessary_cast)] // time_t and c_long are i32 on 32-bit targets
+pub fn now_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec we own; CLOCK_REALTIME always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as i64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as i64)
+}
+
+/// The mapped bytes of one segment.
+#[derive(Debug)]
+struct Shm {
+    base: *mut u8,
+}
+
+// SAFETY: `base` points to SEGMENT_SIZE bytes that stay mapped for the rest of the
+// process (see the module docs); every access after init goes through atomics.
+unsafe impl Send for Shm {}
+// SAFETY: as above.
+unsafe impl Sync for Shm {}
+
+impl Shm {
+    #[inline]
+    fn u64_at(&self, offset: usize) -> &AtomicU64 {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= SEGMENT_SIZE);
+        // SAFETY: `offset` comes from the layout constants: 8-aligned and inside the
+        // mapping, which lives as long as `self` (forever; see the module docs). Other
+        // threads touch these bytes only through atomics as well.
+        unsafe { AtomicU64::from_ptr(self.base.add(offset).cast()) }
+    }
+
+    #[inline]
+    fn u32_at(&self, offset: usize) -> &AtomicU32 {
+        debug_assert!(offset % 4 == 0 && offset + 4 <= SEGMENT_SIZE);
+        // SAFETY: as in `u64_at`, 4-aligned.
+        unsafe { AtomicU32::from_ptr(self.base.add(offset).cast()) }
+    }
+
+    #[inline]
+    fn add(&self, counter: usize, n: u64) -> u64 {
+        self.u64_at(counter).fetch_add(n, Ordering::Relaxed)
+    }
+
+    /// Write `v` into the record at `rec` (see `layout`'s module docs for the protocol).
+    /// With `newer_only`, a record holding a higher sequence number is left alone.
+    /// Never waits for long: gives up (and counts it) if another writer holds the record.
+    #[inline]
+    fn write(&self, rec: usize, v: &Values, newer_only: bool) {
+        let head = self.u64_at(rec + off::R_HEAD);
+        let tail = self.u64_at(rec + off::R_TAIL);
+        let mut n = 0;
+        for _ in 0..WRITE_SPINS {
+            let h = head.load(Ordering::Acquire);
+            if tail
+                .compare_exchange_weak(h, h.wrapping_add(1), Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                n = h.wrapping_add(1);
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if n == 0 {
+            self.add(off::C_DROPPED_WRITES, 1);
+            return;
+        }
+        // The claim (tail) becomes visible before any field changes.
+        fence(Ordering::Release);
+        let seq = self.u64_at(rec + off::R_SEQ);
+        if !newer_only || v.seq >= seq.load(Ordering::Relaxed) {
+            let r = Ordering::Relaxed;
+            self.u64_at(rec + off::R_SERIAL).store(v.serial, r);
+            seq.store(v.seq, r);
+            self.u64_at(rec + off::R_NCCL_SEQ).store(v.nccl_seq, r);
+            self.u64_at(rec + off::R_BYTES).store(v.bytes, r);
+            self.u64_at(rec + off::R_START).store(v.start_ns as u64, r);
+            self.u64_at(rec + off::R_ENQUEUED)
+                .store(v.enqueued_ns as u64, r);
+            self.u64_at(rec + off::R_END).store(v.end_ns as u64, r);
+            self.u64_at(rec + off::R_XFER).store(v.xfer_ns, r);
+            self.u64_at(rec + off::R_INFO).store(v.info.pack(), r);
+        }
+        head.store(n, Ordering::Release);
+    }
+
+    /// Append `v` to the ring of recent events.
+    #[inline]
+    fn ring(&self, v: &Values) {
+        let i = self.add(off::C_RING_HEAD, 1);
+        let v = Values {
+            serial: i.wrapping_add(1),
+            ..*v
+        };
+        self.write(off::ring_entry(i), &v, false);
+    }
+}
+
+/// The fields of one record write.
+#[derive(Clone, Copy, Debug, Default)]
+struct Values {
+    serial: u64,
+    seq: u64,
+    nccl_seq: u64,
+    bytes: u64,
+    start_ns: i64,
+    enqueued_ns: i64,
+    end_ns: i64,
+    xfer_ns: u64,
+    info: Info,
+}
+
+/// One collective or p2p operation from its start event until it and its children are
+/// done. All fields are atomics: the host thread writes the start, proxy threads the
+/// children.
+#[derive(Debug)]
+#[repr(align(64))]
+pub struct Slot {
+    /// The operation's own reference (until its stop event) plus one per running child.
+    refs: AtomicU32,
+    /// Children (ProxyOp, KernelCh) started under it.
+    children: AtomicU32,
+    /// Of those, ProxyOps (this rank's network transfers).
+    proxy_children: AtomicU32,
+    /// Completion already counted.
+    completed: AtomicBool,
+    info: AtomicU64,
+    seq: AtomicU64,
+    nccl_seq: AtomicU64,
+    bytes: AtomicU64,
+    start_ns: AtomicI64,
+    enqueued_ns: AtomicI64,
+    proxy_first_ns: AtomicI64,
+    proxy_last_ns: AtomicI64,
+    last_child_ns: AtomicI64,
+    ctx: AtomicPtr<Context>,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            refs: AtomicU32::new(0),
+            children: AtomicU32::new(0),
+            proxy_children: AtomicU32::new(0),
+            completed: AtomicBool::new(false),
+            info: AtomicU64::new(0),
+            seq: AtomicU64::new(0),
+            nccl_seq: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            start_ns: AtomicI64::new(0),
+            enqueued_ns: AtomicI64::new(0),
+            proxy_first_ns: AtomicI64::new(i64::MAX),
+            proxy_last_ns: AtomicI64::new(0),
+            last_child_ns: AtomicI64::new(0),
+            ctx: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// The context this slot belongs to.
+    #[inline]
+    pub fn context(&self) -> &'static Context {
+        // SAFETY: set once when the context is built to the context's own address;
+        // contexts are leaked (never freed), so the pointer is valid for 'static.
+        unsafe { &*self.ctx.load(Ordering::Relaxed) }
+    }
+
+    fn values(&self, phase: u8) -> Values {
+        let r = Ordering::Relaxed;
+        let proxies = self.proxy_children.load(r);
+        let xfer_ns = if proxies > 0 {
+            (self.proxy_last_ns.load(r) - self.proxy_first_ns.load(r)).max(0) as u64
+        } else {
+            0
+        };
+        Values {
+            serial: 0,
+            seq: self.seq.load(r),
+            nccl_seq: self.nccl_seq.load(r),
+            bytes: self.bytes.load(r),
+            start_ns: self.start_ns.load(r),
+            enqueued_ns: self.enqueued_ns.load(r),
+            end_ns: if phase == layout::PHASE_COMPLETED {
+                self.last_child_ns.load(r)
+            } else {
+                0
+            },
+            xfer_ns: if phase == layout::PHASE_COMPLETED {
+                xfer_ns
+            } else {
+                0
+            },
+            info: Info::unpack(self.info.load(r)).with_phase(phase),
+        }
+    }
+}
+
+/// What a start event of a collective or p2p operation says.
+#[derive(Clone, Copy, Debug)]
+pub struct TaskStart {
+    pub kind: u8,
+    pub op: u8,
+    pub nccl_seq: u64,
+    pub bytes: u64,
+    pub channels: u8,
+    pub peer: i32,
+}
+
+/// Who a communicator is, from NCCL's init arguments.
+#[derive(Clone, Debug)]
+pub struct CommIdentity {
+    pub comm_hash: u64,
+    pub name: String,
+    pub n_nodes: i32,
+    pub nranks: i32,
+    pub rank: i32,
+    pub abi_version: u32,
+    pub event_mask: u64,
+}
+
+/// One communicator's state in this process.
+#[derive(Debug)]
+pub struct Context {
+    shm: Shm,
+    slots: Box<[Slot]>,
+    next_slot: AtomicU32,
+    live: AtomicBool,
+    /// The segment file while live.
+    path: Mutex<Option<PathBuf>>,
+}
+
+/// Contexts of finalized communicators, for reuse, and the files of live ones (names
+/// must not collide within the process).
+struct Registry {
+    free: Vec<&'static Context>,
+    live_paths: Vec<PathBuf>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    free: Vec::new(),
+    live_paths: Vec::new(),
+});
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Context {
+    /// Whether the communicator is live (not finalized).
+    #[inline]
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Whether `p` is the address of one of this context's slots.
+    #[inline]
+    pub fn owns(&self, p: *const c_void) -> bool {
+        let start = self.slots.as_ptr() as usize;
+        let end = start + self.slots.len() * size_of::<Slot>();
+        let a = p as usize;
+        a >= start && a < end && (a - start) % size_of::<Slot>() == 0
+    }
+
+    /// Record the start of a collective or p2p operation; the slot that follows it, or
+    /// `None` when every slot is busy (counted).
+    #[inline]
+    pub fn start_task(&'static self, t: &TaskStart) -> Option<&'static Slot> {
+        let now = now_ns();
+        let Some(slot) = self.claim() else {
+            self.shm.add(off::C_DROPPED_EVENTS, 1);
+            return None;
+        };
+        let (started, progress) = if t.kind == layout::KIND_P2P {
+            (off::C_P2P_STARTED, off::P2P)
+        } else {
+            (off::C_COLL_STARTED, off::COLL)
+        };
+        let seq = self.shm.add(started, 1).wrapping_add(1);
+        let info = Info {
+            kind: t.kind,
+            op: t.op,
+            phase: layout::PHASE_STARTED,
+            channels: t.channels,
+            peer: t.peer,
+        };
+        let r = Ordering::Relaxed;
+        slot.info.store(info.pack(), r);
+        slot.seq.store(seq, r);
+        slot.nccl_seq.store(t.nccl_seq, r);
+        slot.bytes.store(t.bytes, r);
+        slot.start_ns.store(now, r);
+        slot.enqueued_ns.store(0, r);
+        slot.children.store(0, r);
+        slot.proxy_children.store(0, r);
+        slot.proxy_first_ns.store(i64::MAX, r);
+        slot.proxy_last_ns.store(0, r);
+        slot.last_child_ns.store(0, r);
+        slot.completed.store(false, r);
+        let v = Values {
+            seq,
+            nccl_seq: t.nccl_seq,
+            bytes: t.bytes,
+            start_ns: now,
+            info,
+            ..Values::default()
+        };
+        self.shm
+            .write(off::progress_record(progress, layout::STARTED), &v, true);
+        self.shm.ring(&v);
+        Some(slot)
+    }
+
+    /// A free slot, taking them round robin. The cursor is advanced with a plain load
+    /// and store, not a locked add: two threads racing for the same slot are settled by
+    /// the compare-exchange on its references, and the loser moves on.
+    #[inline]
+    fn claim(&'static self) -> Option<&'static Slot> {
+        let mut i = self.next_slot.load(Ordering::Relaxed);
+        for _ in 0..SLOT_PROBES {
+            let slot = &self.slots[i as usize % SLOTS];
+            i = i.wrapping_add(1);
+            if slot
+                .refs
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.next_slot.store(i, Ordering::Relaxed);
+                return Some(slot);
+            }
+        }
+        self.next_slot.store(i, Ordering::Relaxed);
+        None
+    }
+
+    fn progress(kind: u8) -> (usize, usize) {
+        if kind == layout::KIND_P2P {
+            (off::P2P, off::C_P2P_COMPLETED)
+        } else {
+            (off::COLL, off::C_COLL_COMPLETED)
+        }
+    }
+}
+
+/// The stop event of a collective or p2p operation: NCCL enqueued it.
+#[inline]
+pub fn stop_task(slot: &'static Slot) {
+    let ctx = slot.context();
+    if !ctx.is_live() {
+        return;
+    }
+    slot.enqueued_ns.store(now_ns(), Ordering::Relaxed);
+    let v = slot.values(layout::PHASE_ENQUEUED);
+    let (progress, _) = Context::progress(v.info.kind);
+    ctx.shm
+        .write(off::progress_record(progress, layout::ENQUEUED), &v, true);
+    release(slot);
+}
+
+/// A child event (ProxyOp when `proxy`, else KernelCh) started under `slot`.
+#[inline]
+pub fn start_child(slot: &'static Slot, proxy: bool) {
+    let ctx = slot.context();
+    let now = now_ns();
+    slot.refs.fetch_add(1, Ordering::Acquire);
+    slot.children.fetch_add(1, Ordering::Relaxed);
+    if proxy {
+        slot.proxy_children.fetch_add(1, Ordering::Relaxed);
+        slot.proxy_first_ns.fetch_min(now, Ordering::Relaxed);
+    }
+    ctx.shm.add(off::C_CHILD, 1);
+}
+
+/// A child event under `slot` stopped.
+#[inline]
+pub fn stop_child(slot: &'static Slot, proxy: bool) {
+    let now = now_ns();
+    if proxy {
+        slot.proxy_last_ns.fetch_max(now, Ordering::Relaxed);
+    }
+    slot.last_child_ns.fetch_max(now, Ordering::Relaxed);
+    release(slot);
+}
+
+/// Drop one reference; the last one out records completion when children showed it.
+///
+/// The last holder does that work *before* letting go (1 → 0), so the slot cannot be
+/// claimed by another operation while it is read. If a late child takes a reference
+/// meanwhile, the drop fails and is retried as an ordinary one; that child's stop then
+/// records completion again, later (the record keeps the later end).
+#[inline]
+fn release(slot: &'static Slot) {
+    let mut refs = slot.refs.load(Ordering::Acquire);
+    loop {
+        if refs == 1 {
+            complete_if_observed(slot);
+        }
+        match slot.refs.compare_exchange(
+            refs,
+            refs.wrapping_sub(1),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return,
+            Err(now) => refs = now,
+        }
+    }
+}
+
+/// Record completion of `slot`'s operation, held by the caller's reference, if child
+/// events showed it.
+#[inline]
+fn complete_if_observed(slot: &'static Slot) {
+    if slot.children.load(Ordering::Acquire) == 0 {
+        // Only the stop event so far: NCCL enqueued the work, and nothing says when it
+        // ends. Children may still come (they start on proxy threads later); if none
+        // do, the next observed completion on this communicator covers this one.
+        return;
+    }
+    let ctx = slot.context();
+    if !ctx.is_live() {
+        return;
+    }
+    let v = slot.values(layout::PHASE_COMPLETED);
+    let (progress, counter) = Context::progress(v.info.kind);
+    ctx.shm
+        .write(off::progress_record(progress, layout::COMPLETED), &v, true);
+    ctx.shm.ring(&v);
+    if !slot.completed.swap(true, Ordering::Relaxed) {
+        ctx.shm.add(counter, 1);
+    }
+}
+
+/// Count an event the plugin does not attribute: `foreign` for PXN proxy operations of
+/// another process, otherwise an unknown type.
+pub fn count_unattributed(ctx: &Context, foreign: bool) {
+    ctx.shm.add(
+        if foreign {
+            off::C_FOREIGN
+        } else {
+            off::C_UNKNOWN
+        },
+        1,
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Init and finalize (not on the hot path: allocation and locks are fine here).
+
+/// Make the segment for a communicator and the context that writes it.
+pub fn open(cfg: &Config, comm: &CommIdentity) -> Result<&'static Context, InitError> {
+    match fs::metadata(&cfg.shm_dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(InitError::Dir {
+                dir: cfg.shm_dir.clone(),
+                source: io::Error::from(io::ErrorKind::NotADirectory),
+            });
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(InitError::MissingDir {
+                dir: cfg.shm_dir.clone(),
+            });
+        }
+        Err(e) => {
+            return Err(InitError::Dir {
+                dir: cfg.shm_dir.clone(),
+                source: e,
+            });
+        }
+    }
+    let (path, file) = create_file(cfg, comm)?;
+    let result = size_file(&path, &file).and_then(|()| map(&path, &file));
+    let ctx = match result {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            let _ = fs::remove_file(&path);
+            unregister(&path);
+            return Err(e);
+        }
+    };
+    write_header(ctx, cfg, comm);
+    *ctx.path.lock().unwrap_or_else(PoisonError::into_inner) = Some(path);
+    ctx.live.store(true, Ordering::Release);
+    Ok(ctx)
+}
+
+/// The segment file's name: `nccl-<pid>-<comm hash, 16 hex digits>-<comm rank>.seg`,
+/// with `.<n>` before `.seg` if this process already has a segment of that name.
+pub fn file_name(pid: u32, comm_hash: u64, rank: i32, n: u32) -> String {
+    if n == 0 {
+        format!("nccl-{pid}-{comm_hash:016x}-{rank}.seg")
+    } else {
+        format!("nccl-{pid}-{comm_hash:016x}-{rank}.{n}.seg")
+    }
+}
+
+fn create_file(cfg: &Config, comm: &CommIdentity) -> Result<(PathBuf, File), InitError> {
+    let pid = std::process::id();
+    let mut reg = registry();
+    let mut n = 0;
+    let path = loop {
+        let p = cfg
+            .shm_dir
+            .join(file_name(pid, comm.comm_hash, comm.rank, n));
+        if !reg.live_paths.contains(&p) {
+            break p;
+        }
+        n += 1;
+    };
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&path)
+    };
+    let file = match open() {
+        Ok(f) => f,
+        // Not one of ours: left by an earlier process with our pid that never
+        // finalized. Replace it.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let _ = fs::remove_file(&path);
+            open().map_err(|source| InitError::Create {
+                path: path.clone(),
+                source,
+            })?
+        }
+        Err(source) => return Err(InitError::Create { path, source }),
+    };
+    reg.live_paths.push(path.clone());
+    Ok((path, file))
+}
+
+fn unregister(path: &Path) {
+    registry().live_paths.retain(|p| p != path);
+}
+
+/// Give the file its size and its memory now: writing to a tmpfs page that cannot be
+/// allocated later would raise SIGBUS in the training process.
+fn size_file(path: &Path, file: &File) -> Result<(), InitError> {
+    let err = |source| InitError::Size {
+        path: path.to_owned(),
+        source,
+    };
+    file.set_len(SEGMENT_SIZE as u64).map_err(err)?;
+    // SAFETY: plain syscall on a descriptor we own; no memory is passed.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, SEGMENT_SIZE as libc::off_t) };
+    // Filesystems without fallocate (EOPNOTSUPP) keep the sized file.
+    if rc != 0 && rc != libc::EOPNOTSUPP {
+        return Err(err(io::Error::from_raw_os_error(rc)));
+    }
+    Ok(())
+}
+
+/// Map `file`, into a free context's addresses if there is one, else a new context.
+fn map(path: &Path, file: &File) -> Result<&'static Context, InitError> {
+    let reused = registry().free.pop();
+    let addr = reused.map_or(ptr::null_mut(), |c| c.shm.base.cast::<c_void>());
+    let flags = libc::MAP_SHARED | if reused.is_some() { libc::MAP_FIXED } else { 0 };
+    // SAFETY: maps SEGMENT_SIZE bytes of a file we just sized to that length. With
+    // MAP_FIXED, `addr` is a free context's range of the same size, which nothing else
+    // uses (its communicator was finalized); replacing it is what MAP_FIXED does.
+    let p = unsafe {
+        libc::mmap(
+            addr,
+            SEGMENT_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let source = io::Error::last_os_error();
+        if let Some(ctx) = reused {
+            // The old anonymous mapping may be gone: put one back before reuse.
+            if replace_with_anonymous(ctx.shm.base) {
+                registry().free.push(ctx);
+            }
+        }
+        return Err(InitError::Map {
+            path: path.to_owned(),
+            source,
+        });
+    }
+    let ctx = match reused {
+        Some(ctx) => {
+            for slot in ctx.slots.iter() {
+                slot.refs.store(0, Ordering::Relaxed);
+                slot.children.store(0, Ordering::Relaxed);
+            }
+            ctx.next_slot.store(0, Ordering::Relaxed);
+            ctx
+        }
+        None => {
+            let ctx: &'static Context = Box::leak(Box::new(Context {
+                shm: Shm { base: p.cast() },
+                slots: (0..SLOTS).map(|_| Slot::new()).collect(),
+                next_slot: AtomicU32::new(0),
+                live: AtomicBool::new(false),
+                path: Mutex::new(None),
+            }));
+            let me = ptr::from_ref(ctx).cast_mut();
+            for slot in ctx.slots.iter() {
+                slot.ctx.store(me, Ordering::Relaxed);
+            }
+            ctx
+        }
+    };
+    Ok(ctx)
+}
+
+/// Map anonymous memory over a context's segment addresses. False if that failed (the
+/// context then keeps whatever is mapped there and is not reused).
+fn replace_with_anonymous(base: *mut u8) -> bool {
+    // SAFETY: `base` is the start of a SEGMENT_SIZE range this module mapped and owns;
+    // MAP_FIXED replaces it in one step, so concurrent stray writers see either the old
+    // or the new memory, never a hole.
+    let p = unsafe {
+        libc::mmap(
+            base.cast(),
+            SEGMENT_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    p != libc::MAP_FAILED
+}
+
+fn write_header(ctx: &Context, cfg: &Config, comm: &CommIdentity) {
+    let h = layout::Header {
+        magic: [0; 8],
+        layout_version: layout::LAYOUT_VERSION,
+        segment_size: SEGMENT_SIZE as u32,
+        ring_len: layout::RING_LEN as u32,
+        abi_version: comm.abi_version,
+        pid: std::process::id() as i32,
+        global_rank: cfg.global_rank.map_or(-1, |r| r as i32),
+        local_rank: cfg.local_rank.map_or(-1, |r| r as i32),
+        world_size: cfg.world_size.map_or(-1, |r| r as i32),
+        nranks: comm.nranks,
+        comm_rank: comm.rank,
+        n_nodes: comm.n_nodes,
+        event_mask: comm.event_mask as u32,
+        comm_hash: comm.comm_hash,
+        start_ns: now_ns(),
+        pid_ns: fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino()),
+        proc_start_ticks: proc_start_ticks().unwrap_or(0),
+        state: layout::STATE_LIVE,
+        _reserved0: 0,
+        finished_ns: 0,
+        _reserved: [0; 3],
+        job_id: fixed_str(&cfg.job),
+        comm_name: fixed_str(&comm.name),
+    };
+    // SAFETY: the mapping holds SEGMENT_SIZE >= size_of::<Header>() bytes at `base`,
+    // aligned for the header (page-aligned), and no other thread knows this context yet
+    // (it is published to NCCL after init returns).
+    unsafe { ptr::write(ctx.shm.base.cast::<layout::Header>(), h) };
+    // Magic last: a reader that sees it sees the rest of the header.
+    fence(Ordering::Release);
+    ctx.shm
+        .u64_at(off::MAGIC)
+        .store(u64::from_ne_bytes(layout::MAGIC), Ordering::Release);
+}
+
+/// `s` NUL-padded into N bytes, cut at a UTF-8 boundary to leave at least one NUL.
+fn fixed_str<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut end = s.len().min(N - 1);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    out[..end].copy_from_slice(&s.as_bytes()[..end]);
+    out
+}
+
+/// Field 22 of `/proc/self/stat`.
+fn proc_start_ticks() -> Option<u64> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces and parentheses: skip past the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Finalize a communicator: mark the segment finished, remove the file, unmap it, and
+/// keep the context for reuse.
+pub fn close(ctx: &'static Context) {
+    if !ctx.live.swap(false, Ordering::AcqRel) {
+        return;
+    }
+    ctx.shm
+        .u64_at(off::FINISHED_NS)
+        .store(now_ns() as u64, Ordering::Relaxed);
+    ctx.shm
+        .u32_at(off::STATE)
+        .store(layout::STATE_FINISHED, Ordering::Release);
+    let path = ctx
+        .path
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    if let Some(path) = path {
+        let _ = fs::remove_file(&path);
+        unregister(&path);
+    }
+    if replace_with_anonymous(ctx.shm.base) {
+        registry().free.push(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_strings_are_cut_on_a_char_boundary_and_keep_a_nul() {
+        let s: [u8; 4] = fixed_str("abcdef");
+        assert_eq!(&s, b"abc\0");
+        let s: [u8; 4] = fixed_str("aé€");
+        assert_eq!(&s, b"a\xc3\xa9\0");
+        let s: [u8; 4] = fixed_str("");
+        assert_eq!(s, [0; 4]);
+    }
+
+    #[test]
+    fn file_names_carry_pid_hash_and_rank() {
+        assert_eq!(file_name(42, 0xabc, 3, 0), "nccl-42-0000000000000abc-3.seg");
+        assert_eq!(
+            file_name(42, 0xabc, 3, 2),
+            "nccl-42-0000000000000abc-3.2.seg"
+        );
+    }
+
+    #[test]
+    fn this_process_has_a_start_time() {
+        assert!(proc_start_ticks().is_some_and(|t| t > 0));
+    }
+}

@@ -1,0 +1,247 @@
+//! The plugin's v5 entry points called in-process (through the rlib) in the orders
+//! NCCL produces, read back with `segment::parse`. Each test uses its own communicator
+//! hash, so tests run in parallel on one segment directory.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+
+use common::{Comm, allreduce, my_pid, proxy_op, record, send, stop};
+use warden_nccl_profiler::config::DEFAULT_MASK;
+use warden_nccl_profiler::segment::{Kind, Phase};
+use warden_nccl_profiler::shm::SLOTS;
+
+#[test]
+fn init_asks_for_the_default_mask_and_writes_the_header() {
+    let c = Comm::init(0x1001, 2);
+    assert_eq!(c.mask as u64, DEFAULT_MASK);
+    let s = c.read();
+    assert_eq!(
+        (s.comm_hash, s.comm_rank, s.nranks, s.n_nodes),
+        (0x1001, 2, 4, 1)
+    );
+    assert_eq!(s.comm_name, "test");
+    assert_eq!(s.abi_version, 5);
+    assert_eq!(s.pid, std::process::id());
+    assert!(s.start_ns > 0 && s.pid_ns > 0 && s.proc_start_ticks > 0);
+    assert!(!s.finished);
+    let path = c.path();
+    c.finalize();
+    assert!(!path.exists(), "finalize removes the file");
+}
+
+#[test]
+fn completion_is_the_last_proxy_stop_after_the_enqueue() {
+    let c = Comm::init(0x1002, 0);
+    let coll = c.start(&mut allreduce(41, 1000));
+    assert!(!coll.is_null());
+    let s = c.read();
+    let started = s.coll.started.expect("started");
+    assert_eq!(
+        (started.seq, started.nccl_seq, started.bytes),
+        (1, 41, 4000)
+    );
+    assert_eq!((started.op, started.channels), (1, 2));
+    assert!(s.coll.enqueued.is_none() && s.coll.completed.is_none());
+
+    // NCCL: the stop event comes right after enqueueing, before the proxy thread
+    // started anything. That is not completion.
+    stop(coll);
+    let s = c.read();
+    assert_eq!(s.coll.enqueued.map(|e| e.seq), Some(1));
+    assert!(s.coll.completed.is_none());
+
+    let send = c.start(&mut proxy_op(coll, my_pid(), true));
+    let recv = c.start(&mut proxy_op(coll, my_pid(), false));
+    assert!(!send.is_null() && !recv.is_null());
+    record(send, 19);
+    stop(send);
+    assert!(c.read().coll.completed.is_none(), "one proxy op still runs");
+    stop(recv);
+    let s = c.read();
+    let done = s.coll.completed.expect("completed");
+    assert_eq!(
+        (done.seq, done.phase, done.kind),
+        (1, Phase::Completed, Kind::Coll)
+    );
+    assert!(done.end_ns >= done.enqueued_ns && done.enqueued_ns >= done.start_ns);
+    assert!(done.xfer_ns > 0 && done.xfer_ns as i64 <= done.end_ns - done.start_ns);
+    assert_eq!(s.counters.coll_completed, 1);
+    assert_eq!(s.counters.child_events, 2);
+    let phases: Vec<Phase> = s.recent.iter().map(|e| e.phase).collect();
+    assert_eq!(phases, vec![Phase::Started, Phase::Completed]);
+    c.finalize();
+}
+
+#[test]
+fn children_that_finish_before_the_enqueue_complete_at_the_stop() {
+    let c = Comm::init(0x1003, 0);
+    let coll = c.start(&mut allreduce(0, 8));
+    let op = c.start(&mut proxy_op(coll, my_pid(), true));
+    stop(op);
+    assert!(
+        c.read().coll.completed.is_none(),
+        "the collective is still open"
+    );
+    stop(coll);
+    let s = c.read();
+    assert_eq!(s.coll.completed.map(|e| e.seq), Some(1));
+    assert_eq!(s.counters.coll_completed, 1);
+    c.finalize();
+}
+
+#[test]
+fn without_children_only_start_and_enqueue_are_known() {
+    let c = Comm::init(0x1004, 0);
+    for i in 0..5 {
+        let h = c.start(&mut allreduce(i, 16));
+        stop(h);
+    }
+    let s = c.read();
+    assert_eq!(s.coll.started.map(|e| e.seq), Some(5));
+    assert_eq!(s.coll.enqueued.map(|e| e.seq), Some(5));
+    assert!(s.coll.completed.is_none());
+    assert!(!s.completion_observed());
+    c.finalize();
+}
+
+#[test]
+fn p2p_operations_count_separately() {
+    let c = Comm::init(0x1005, 0);
+    let coll = c.start(&mut allreduce(0, 1));
+    stop(coll);
+    for _ in 0..3 {
+        let p = c.start(&mut send(100, 3));
+        let op = c.start(&mut proxy_op(p, my_pid(), true));
+        stop(p);
+        stop(op);
+    }
+    let s = c.read();
+    assert_eq!(s.counters.coll_started, 1);
+    assert_eq!(s.counters.p2p_started, 3);
+    assert_eq!(s.counters.p2p_completed, 3);
+    let last = s.p2p.completed.expect("p2p completed");
+    assert_eq!(
+        (last.seq, last.kind, last.op, last.bytes, last.peer),
+        (3, Kind::P2p, 7, 200, 3)
+    );
+    c.finalize();
+}
+
+#[test]
+fn pxn_proxy_ops_of_other_processes_are_counted_not_followed() {
+    let c = Comm::init(0x1006, 0);
+    let coll = c.start(&mut allreduce(0, 1));
+    let foreign = c.start(&mut proxy_op(
+        0xdead_0000usize as *mut _,
+        my_pid() + 1,
+        true,
+    ));
+    assert!(foreign.is_null());
+    stop(coll);
+    let s = c.read();
+    assert_eq!(s.counters.foreign_events, 1);
+    assert!(s.coll.completed.is_none());
+    c.finalize();
+}
+
+#[test]
+fn an_exhausted_pool_drops_with_a_count_and_recovers() {
+    let c = Comm::init(0x1007, 0);
+    let held: Vec<_> = (0..SLOTS as u64)
+        .map(|i| c.start(&mut allreduce(i, 1)))
+        .collect();
+    assert!(held.iter().all(|h| !h.is_null()));
+    let dropped = c.start(&mut allreduce(999, 1));
+    assert!(dropped.is_null(), "no slot left: null handle");
+    stop(dropped);
+    let s = c.read();
+    assert_eq!(s.counters.dropped_events, 1);
+    assert_eq!(s.counters.coll_started, SLOTS as u64);
+    for h in held {
+        stop(h);
+    }
+    let again = c.start(&mut allreduce(1000, 1));
+    assert!(!again.is_null(), "slots come back after their stop");
+    stop(again);
+    c.finalize();
+}
+
+#[test]
+fn a_finalized_context_is_reused_with_a_fresh_segment() {
+    let a = Comm::init(0x1008, 0);
+    for i in 0..3 {
+        stop(a.start(&mut allreduce(i, 1)));
+    }
+    a.finalize();
+    let b = Comm::init(0x1009, 0);
+    stop(b.start(&mut allreduce(0, 1)));
+    let s = b.read();
+    assert_eq!(s.comm_hash, 0x1009);
+    assert_eq!(s.counters.coll_started, 1);
+    assert_eq!(s.recent.len(), 1);
+    b.finalize();
+}
+
+/// Writers on several threads (two host threads starting collectives on one
+/// communicator, proxy threads completing them) while a reader copies the file as the
+/// agent does: every record the reader accepts is internally consistent.
+#[test]
+fn readers_never_accept_a_torn_record() {
+    let c = Arc::new(Comm::init(0x100a, 0));
+    let done = Arc::new(AtomicBool::new(false));
+    let go = Arc::new(Barrier::new(3));
+    let writers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (c, go) = (Arc::clone(&c), Arc::clone(&go));
+            std::thread::spawn(move || {
+                go.wait();
+                for i in 0..200_000u64 {
+                    let n = t * 1_000_000 + i;
+                    // bytes = 4 × count, count = nccl_seq + 1: a torn record breaks it.
+                    let h = c.start(&mut allreduce(n, n as usize + 1));
+                    let p = c.start(&mut proxy_op(h, my_pid(), true));
+                    stop(h);
+                    stop(p);
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let (c, done, go) = (Arc::clone(&c), Arc::clone(&done), Arc::clone(&go));
+        std::thread::spawn(move || {
+            go.wait();
+            let (mut copies, mut torn) = (0u64, 0u64);
+            while !done.load(Ordering::Relaxed) {
+                let path = c.path();
+                let s = warden_nccl_profiler::segment::read_retrying(
+                    || std::fs::read(&path),
+                    warden_nccl_profiler::segment::READ_ATTEMPTS,
+                )
+                .expect("read")
+                .expect("parse");
+                torn += u64::from(s.torn);
+                copies += 1;
+                let last = [s.coll.started, s.coll.enqueued, s.coll.completed];
+                for e in s.recent.iter().chain(last.iter().flatten()) {
+                    assert_eq!(e.bytes, 4 * (e.nccl_seq + 1), "torn record accepted: {e:?}");
+                }
+            }
+            (copies, torn)
+        })
+    };
+    for w in writers {
+        w.join().expect("writer");
+    }
+    done.store(true, Ordering::Relaxed);
+    let (copies, torn) = reader.join().expect("reader");
+    let s = c.read();
+    assert_eq!(s.counters.coll_started, 400_000);
+    assert_eq!(s.counters.coll_completed, 400_000);
+    eprintln!("{copies} copies read, {torn} torn records seen and left out");
+    match Arc::try_unwrap(c) {
+        Ok(c) => c.finalize(),
+        Err(_) => panic!("threads hold the communicator"),
+    }
+}

@@ -1,0 +1,713 @@
+//! NCCL profiler segments: the agent reads the files `warden-nccl-profiler` keeps in
+//! the shared-memory directory (every [`POLL_EVERY`], with plain `read(2)`), and turns
+//! them into [`Progress`]: rank and communicator registrations, the collectives each
+//! rank entered and completed, and the exits of processes that died without
+//! finalizing their communicators.
+//!
+//! - Job and rank come from the segment header (the plugin reads `WARDEN_JOB` /
+//!   `SLURM_JOB_ID` / `TORCHELASTIC_RUN_ID` and `RANK` / `OMPI_COMM_WORLD_RANK` /
+//!   `SLURM_PROCID`); a segment without both is counted and skipped.
+//! - Completions: where the segment shows child events, the completed records of the
+//!   ring since the last poll (and the last completed record), in order; where it shows
+//!   none (operations that never leave the node, default event mask), completion is
+//!   not observable and the last *enqueued* collective stands in for it, one per poll.
+//!   The last started collective, if newer, is reported in flight. A collective
+//!   reported in flight whose own completion was not seen (the ring moved past it) is
+//!   settled after the later completion that covers it (NCCL runs a communicator's
+//!   operations in order), so the controller takes it as already known.
+//! - Point-to-point operations are not reported: their sequence numbers differ between
+//!   ranks, so they cannot share a communicator's collective sequence. They stay in the
+//!   segment.
+//! - Exits: a process whose segments are still live (not finalized) and whose pid is
+//!   gone from `/proc`, a zombie, or taken by another process (start time differs) has
+//!   exited; it is reported once, with its wait status when the kernel still has it,
+//!   and its segments are not reported again (the files stay until someone removes
+//!   them; the agent's mount may be read-only).
+//!   This needs the agent to see the job's pids: under Kubernetes `hostPID: true` (or a
+//!   pid namespace shared with the job). The header's pid namespace says whether a pid
+//!   is from the agent's namespace; when it is not, liveness is not judged at all.
+//!   Only processes seen alive by this agent are reported, so segments left by
+//!   processes that died before the agent started do not raise old exits.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use warden_model::wire::{CollectiveEvent, CommInfo, ProcessState, RankInfo};
+use warden_nccl_profiler::segment::{self, Event, Kind, Phase, SegmentError, Snapshot};
+
+use crate::capture::{Liveness, liveness};
+use crate::progress::Progress;
+
+/// How often the agent should call [`poll_segments`].
+pub const POLL_EVERY: Duration = Duration::from_millis(500);
+
+/// Most segment files followed at once; further files are skipped (counted).
+pub const MAX_SEGMENTS: usize = 4096;
+
+/// Highest op code that is also a wire `CollOp` number; others are sent as unknown.
+const MAX_WIRE_OP: u8 = 10;
+
+/// What one poll found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PollStats {
+    /// Segments read and reported.
+    pub segments: usize,
+    /// Segments without a job id or global rank.
+    pub unattributed: usize,
+    /// Segments that could not be read or parsed (other than not yet initialised).
+    pub unreadable: usize,
+    /// Segment files beyond [`MAX_SEGMENTS`].
+    pub skipped: usize,
+    /// Collective records handed to [`Progress`] (started and completed).
+    pub collectives: usize,
+    /// Process exits reported.
+    pub exits: usize,
+}
+
+/// What the agent remembers between polls.
+#[derive(Debug)]
+pub struct SegmentTracker {
+    proc_root: PathBuf,
+    /// Inode of the agent's pid namespace, when known.
+    own_pid_ns: Option<u64>,
+    segments: HashMap<PathBuf, Seen>,
+    processes: HashMap<(u32, u64), Process>,
+}
+
+/// One segment file.
+#[derive(Debug)]
+struct Seen {
+    /// Who wrote it: a file replaced under the same name starts over.
+    identity: (u32, u64, u64),
+    /// Last sequence number reported started / completed.
+    started: u64,
+    completed: u64,
+    /// Reported in flight and not yet completed.
+    in_flight: Option<CollectiveEvent>,
+}
+
+/// One training process (pid and start time), over all its segments.
+#[derive(Debug)]
+struct Process {
+    job: String,
+    rank: u32,
+    /// Last poll that found it alive (agent clock, ns); 0 if never.
+    alive_at_ns: i64,
+    /// Its exit was reported.
+    exited: bool,
+}
+
+impl SegmentTracker {
+    /// A tracker that looks pids up under `proc_root` (normally `/proc`), in the pid
+    /// namespace of this agent process.
+    pub fn new(proc_root: impl Into<PathBuf>) -> SegmentTracker {
+        let own = std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino());
+        SegmentTracker::with_pid_namespace(proc_root, own)
+    }
+
+    /// As [`SegmentTracker::new`], with the agent's pid namespace given (`None`:
+    /// unknown, every pid is taken as the agent's).
+    pub fn with_pid_namespace(proc_root: impl Into<PathBuf>, own_pid_ns: Option<u64>) -> Self {
+        SegmentTracker {
+            proc_root: proc_root.into(),
+            own_pid_ns,
+            segments: HashMap::new(),
+            processes: HashMap::new(),
+        }
+    }
+
+    /// Segment files followed now.
+    pub fn segments(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Whether a pid from namespace `ns` can be looked up in ours.
+    fn same_pid_namespace(&self, ns: u64) -> bool {
+        ns == 0 || self.own_pid_ns.is_none_or(|own| own == ns)
+    }
+}
+
+/// Whether `name` is a segment file name (`nccl-*.seg`).
+fn is_segment_name(name: &str) -> bool {
+    name.starts_with("nccl-") && name.ends_with(".seg")
+}
+
+/// Read every segment in `dir` and report what is new since the last poll to
+/// `progress`; `now_ns` is the agent's wall clock. A missing directory is not an
+/// error (no job on this node has used the plugin yet).
+pub fn poll_segments(
+    dir: &Path,
+    tracker: &mut SegmentTracker,
+    progress: &Progress,
+    now_ns: i64,
+) -> io::Result<PollStats> {
+    let mut stats = PollStats::default();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            tracker.segments.clear();
+            tracker.processes.clear();
+            return Ok(stats);
+        }
+        Err(e) => return Err(e),
+    };
+    let mut present = HashSet::new();
+    // Processes with at least one live (not finalized) segment this poll.
+    let mut live: HashSet<(u32, u64)> = HashSet::new();
+    // Whether a process's segments are reported this poll (it is alive), decided once.
+    let mut looked: HashMap<(u32, u64), bool> = HashMap::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_str().is_some_and(is_segment_name) {
+            continue;
+        }
+        let path = entry.path();
+        if !tracker.segments.contains_key(&path) && tracker.segments.len() >= MAX_SEGMENTS {
+            stats.skipped += 1;
+            continue;
+        }
+        let snap = match segment::read_retrying(|| std::fs::read(&path), segment::READ_ATTEMPTS) {
+            Ok(Ok(s)) => s,
+            // Removed by finalize since the listing, or still being set up.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Ok(Err(SegmentError::NotReady)) => continue,
+            Ok(Err(e)) => {
+                tracing::debug!(path = %path.display(), error = %e, "nccl: unreadable segment");
+                stats.unreadable += 1;
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "nccl: cannot read segment");
+                stats.unreadable += 1;
+                continue;
+            }
+        };
+        present.insert(path.clone());
+        let (Some(rank), false) = (snap.global_rank, snap.job.is_empty()) else {
+            stats.unattributed += 1;
+            continue;
+        };
+        let key = (snap.pid, snap.proc_start_ticks);
+        if !snap.finished {
+            live.insert(key);
+        }
+        let report = *looked.entry(key).or_insert_with(|| {
+            let (report, exited) = look_at(tracker, key, &snap, rank, progress, now_ns);
+            stats.exits += usize::from(exited);
+            report
+        });
+        if !report {
+            continue;
+        }
+        stats.segments += 1;
+        let identity = (snap.pid, snap.proc_start_ticks, snap.comm_hash);
+        let fresh = || Seen {
+            identity,
+            started: 0,
+            completed: 0,
+            in_flight: None,
+        };
+        let seen = tracker.segments.entry(path).or_insert_with(fresh);
+        if seen.identity != identity {
+            *seen = fresh();
+        }
+        register(&snap, rank, progress);
+        stats.collectives += report_collectives(seen, &snap, rank, progress);
+    }
+    tracker.segments.retain(|p, _| present.contains(p));
+    // Processes whose segments are all gone or finalized are done with NCCL.
+    tracker.processes.retain(|key, _| live.contains(key));
+    Ok(stats)
+}
+
+/// Decide about the process `key` (pid, start time) that wrote `snap`: whether its
+/// segments are to be reported (it is alive, or its liveness cannot be judged from
+/// here), and whether its exit was reported just now.
+fn look_at(
+    tracker: &mut SegmentTracker,
+    key: (u32, u64),
+    snap: &Snapshot,
+    rank: u32,
+    progress: &Progress,
+    now_ns: i64,
+) -> (bool, bool) {
+    let (pid, ticks) = key;
+    let judge = tracker.same_pid_namespace(snap.pid_ns);
+    let state = if judge {
+        match liveness(&tracker.proc_root, pid) {
+            Liveness::Alive
+                if ticks != 0
+                    && start_ticks(&tracker.proc_root, pid).is_some_and(|t| t != ticks) =>
+            {
+                // The pid belongs to another process now.
+                Liveness::Gone
+            }
+            state => state,
+        }
+    } else {
+        Liveness::Alive
+    };
+    let p = tracker.processes.entry(key).or_insert_with(|| Process {
+        job: snap.job.clone(),
+        rank,
+        alive_at_ns: 0,
+        exited: false,
+    });
+    if p.exited {
+        return (false, false);
+    }
+    if state == Liveness::Alive {
+        p.alive_at_ns = now_ns;
+        return (true, false);
+    }
+    p.exited = true;
+    if snap.finished || p.alive_at_ns == 0 {
+        // Finalized before it went (a clean end), or dead before this agent ever saw it
+        // alive (an old file): not news.
+        return (false, false);
+    }
+    // It died between the last look and this one: halfway is the best guess.
+    let at_ns = p.alive_at_ns + (now_ns - p.alive_at_ns) / 2;
+    let (exit_code, signal) = match state {
+        Liveness::Zombie(status) if status & 0x7f != 0 => (None, Some(status & 0x7f)),
+        Liveness::Zombie(status) => (Some((status >> 8) & 0xff), None),
+        _ => (None, None),
+    };
+    tracing::warn!(job = %p.job, rank = p.rank, pid, ?exit_code, ?signal, "nccl: training process died with live NCCL segments");
+    // Fields added to the wire record later (a stop flag is on its way) keep defaults.
+    #[allow(clippy::needless_update)]
+    progress.process(
+        &p.job,
+        ProcessState {
+            rank: p.rank,
+            pid,
+            at_ns,
+            alive: false,
+            exit_code,
+            signal,
+            ..ProcessState::default()
+        },
+    );
+    (false, true)
+}
+
+fn register(snap: &Snapshot, rank: u32, progress: &Progress) {
+    progress.rank(
+        &snap.job,
+        RankInfo {
+            rank,
+            world_size: snap.world_size.unwrap_or(0),
+            pid: snap.pid,
+            gpu_index: None,
+            gpu_uuid: String::new(),
+        },
+    );
+    progress.comm(
+        &snap.job,
+        CommInfo {
+            comm: snap.comm_hash,
+            name: snap.comm_name.clone(),
+            size: snap.nranks,
+            rank,
+            comm_rank: snap.comm_rank,
+        },
+    );
+}
+
+/// A segment record as a wire collective; `end_ns` 0 for in flight.
+fn wire(snap: &Snapshot, rank: u32, e: &Event, end_ns: i64) -> CollectiveEvent {
+    CollectiveEvent {
+        comm: snap.comm_hash,
+        rank,
+        seq: e.seq,
+        op: if e.op <= MAX_WIRE_OP {
+            i32::from(e.op)
+        } else {
+            0
+        },
+        bytes: e.bytes,
+        start_ns: e.start_ns,
+        end_ns,
+        xfer_ns: e.xfer_ns,
+    }
+}
+
+/// Report the collectives of one segment that are new since the last poll; returns how
+/// many records went to `progress`.
+fn report_collectives(seen: &mut Seen, snap: &Snapshot, rank: u32, progress: &Progress) -> usize {
+    let job = &snap.job;
+    let mut sent = 0;
+    // Completions since the last poll, oldest first, with their end time.
+    let mut done: Vec<(Event, i64)> = if snap.completion_observed() {
+        snap.recent
+            .iter()
+            .chain(snap.coll.completed.iter())
+            .filter(|e| e.kind == Kind::Coll && e.phase == Phase::Completed)
+            .map(|e| (*e, e.end_ns))
+            .collect()
+    } else {
+        // Nothing shows completion on this communicator: the enqueue stands in.
+        snap.coll
+            .enqueued
+            .iter()
+            .map(|e| (*e, e.enqueued_ns))
+            .collect()
+    };
+    done.retain(|(e, end)| e.seq > seen.completed && *end > 0);
+    // A collective can complete twice (a late child); the later end wins.
+    done.sort_by_key(|(e, end)| (e.seq, *end));
+    done.dedup_by(|later, earlier| {
+        if later.0.seq == earlier.0.seq {
+            *earlier = *later;
+            true
+        } else {
+            false
+        }
+    });
+
+    for (e, end) in &done {
+        progress.completed(job, wire(snap, rank, e, *end));
+        seen.completed = e.seq;
+        sent += 1;
+    }
+    if let Some(ev) = seen.in_flight.take() {
+        match done.iter().find(|(e, _)| e.seq >= ev.seq) {
+            Some((e, _)) if e.seq == ev.seq => {}
+            Some((_, end)) => {
+                // Its own completion fell out of the ring; a later one covers it. Sent
+                // after that later one, so the controller takes it as already known
+                // (stale) and only the agent's in-flight entry is settled.
+                progress.completed(
+                    job,
+                    CollectiveEvent {
+                        end_ns: *end,
+                        xfer_ns: 0,
+                        ..ev
+                    },
+                );
+                sent += 1;
+            }
+            None => seen.in_flight = Some(ev),
+        }
+    }
+    seen.started = seen.started.max(seen.completed);
+
+    if let Some(s) = snap.coll.started
+        && s.seq > seen.started
+    {
+        let ev = wire(snap, rank, &s, 0);
+        progress.started(job, ev.clone());
+        seen.started = s.seq;
+        seen.in_flight = Some(ev);
+        sent += 1;
+    }
+    sent
+}
+
+/// Start time (field 22 of `/proc/<pid>/stat`), if the pid exists.
+fn start_ticks(proc_root: &Path, pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ship::Pending;
+    use warden_model::wire::JobSignals;
+    use warden_nccl_profiler::config::{Config, DEFAULT_MASK};
+    use warden_nccl_profiler::layout::{KIND_COLL, op};
+    use warden_nccl_profiler::shm::{self, CommIdentity, Context, TaskStart};
+
+    /// A segment directory, a fake `/proc` and the segments written into them by the
+    /// plugin's own code, as this test process.
+    struct Node {
+        shm: tempfile::TempDir,
+        proc: tempfile::TempDir,
+    }
+
+    impl Node {
+        fn new() -> Node {
+            let node = Node {
+                shm: tempfile::tempdir().expect("segment directory"),
+                proc: tempfile::tempdir().expect("fake /proc"),
+            };
+            node.set_stat(|fields| fields);
+            node
+        }
+
+        /// Write `/proc/<our pid>/stat`: ours, with `edit` applied to the fields after
+        /// the command name (index 0 is the state).
+        fn set_stat(&self, edit: impl FnOnce(Vec<String>) -> Vec<String>) {
+            let real = std::fs::read_to_string("/proc/self/stat").expect("own stat");
+            let cut = real.rfind(')').expect("stat has a command name") + 1;
+            let fields: Vec<String> = real[cut..]
+                .split_ascii_whitespace()
+                .map(str::to_owned)
+                .collect();
+            let dir = self.proc.path().join(std::process::id().to_string());
+            std::fs::create_dir_all(&dir).expect("pid directory");
+            let text = format!("{} {}\n", &real[..cut], edit(fields).join(" "));
+            std::fs::write(dir.join("stat"), text).expect("write stat");
+        }
+
+        fn kill(&self) {
+            let dir = self.proc.path().join(std::process::id().to_string());
+            std::fs::remove_dir_all(dir).expect("remove the pid");
+        }
+
+        fn open(&self, comm: u64, rank: Option<u32>) -> &'static Context {
+            let cfg = Config {
+                shm_dir: self.shm.path().to_owned(),
+                mask: DEFAULT_MASK,
+                mask_problem: None,
+                global_rank: rank,
+                local_rank: Some(1),
+                world_size: Some(8),
+                job: "job-a".to_owned(),
+            };
+            let id = CommIdentity {
+                comm_hash: comm,
+                name: "dp".to_owned(),
+                n_nodes: 2,
+                nranks: 4,
+                rank: 1,
+                abi_version: 5,
+                event_mask: DEFAULT_MASK,
+            };
+            shm::open(&cfg, &id).expect("open a segment")
+        }
+
+        fn tracker(&self) -> SegmentTracker {
+            SegmentTracker::with_pid_namespace(self.proc.path(), None)
+        }
+
+        fn poll(&self, t: &mut SegmentTracker, p: &Progress, now: i64) -> PollStats {
+            poll_segments(self.shm.path(), t, p, now).expect("poll")
+        }
+    }
+
+    fn allreduce(n: u64) -> TaskStart {
+        TaskStart {
+            kind: KIND_COLL,
+            op: op::ALL_REDUCE,
+            nccl_seq: n,
+            bytes: 4096,
+            channels: 2,
+            peer: -1,
+        }
+    }
+
+    /// One collective completed through a proxy op, as NCCL orders it.
+    fn complete_one(ctx: &'static Context, n: u64) {
+        let slot = ctx.start_task(&allreduce(n)).expect("a slot");
+        shm::stop_task(slot);
+        shm::start_child(slot, true);
+        shm::stop_child(slot, true);
+    }
+
+    fn cut(p: &Progress) -> Vec<JobSignals> {
+        let mut pending = Pending::default();
+        p.flush(1, &mut pending);
+        pending.take_jobs()
+    }
+
+    #[test]
+    fn a_live_rank_is_registered_and_its_collectives_reported() {
+        let node = Node::new();
+        let ctx = node.open(0xabc, Some(3));
+        for n in 0..3 {
+            complete_one(ctx, n);
+        }
+        ctx.start_task(&allreduce(3)).expect("a slot");
+        let (mut t, p) = (node.tracker(), Progress::default());
+        let stats = node.poll(&mut t, &p, 1_000);
+        assert_eq!((stats.segments, stats.collectives, stats.exits), (1, 4, 0));
+        let jobs = cut(&p);
+        assert_eq!(jobs.len(), 1);
+        let j = &jobs[0];
+        assert_eq!(j.job, "job-a");
+        assert_eq!(j.ranks.len(), 1);
+        assert_eq!((j.ranks[0].rank, j.ranks[0].world_size), (3, 8));
+        assert_eq!(j.ranks[0].pid, std::process::id());
+        assert_eq!(j.comms.len(), 1);
+        let c = &j.comms[0];
+        assert_eq!(
+            (c.comm, c.rank, c.comm_rank, c.size, c.name.as_str()),
+            (0xabc, 3, 1, 4, "dp")
+        );
+        let seqs: Vec<(u64, bool)> = j
+            .collectives
+            .iter()
+            .map(|e| (e.seq, e.in_flight()))
+            .collect();
+        assert_eq!(seqs, vec![(1, false), (2, false), (3, false), (4, true)]);
+        for e in &j.collectives {
+            assert_eq!((e.comm, e.rank, e.op, e.bytes), (0xabc, 3, 1, 4096));
+            assert!(e.start_ns > 0);
+            assert!(e.in_flight() || e.end_ns >= e.start_ns);
+        }
+
+        // Nothing new: nothing new is handed over.
+        assert_eq!(node.poll(&mut t, &p, 2_000).collectives, 0);
+        shm::close(ctx);
+        assert_eq!(node.poll(&mut t, &p, 3_000).segments, 0);
+        assert_eq!(t.segments(), 0, "a finalized segment is forgotten");
+    }
+
+    #[test]
+    fn an_in_flight_collective_completes_when_a_later_one_does() {
+        let node = Node::new();
+        let ctx = node.open(0xabd, Some(0));
+        let slot = ctx.start_task(&allreduce(0)).expect("a slot");
+        let (mut t, p) = (node.tracker(), Progress::default());
+        node.poll(&mut t, &p, 1_000);
+        assert!(cut(&p)[0].collectives[0].in_flight());
+        // It completes, and more than a ring's worth of collectives follow.
+        shm::stop_task(slot);
+        shm::start_child(slot, true);
+        shm::stop_child(slot, true);
+        for n in 1..200 {
+            complete_one(ctx, n);
+        }
+        node.poll(&mut t, &p, 2_000);
+        let coll = &cut(&p)[0].collectives;
+        assert!(
+            coll.iter().all(|e| !e.in_flight()),
+            "nothing left in flight: {coll:?}"
+        );
+        assert_eq!(
+            coll.last().map(|e| e.seq),
+            Some(1),
+            "the settled one goes last"
+        );
+        assert_eq!(coll.iter().filter(|e| e.seq == 200).count(), 1);
+        shm::close(ctx);
+    }
+
+    #[test]
+    fn without_child_events_the_enqueue_stands_in_for_completion() {
+        let node = Node::new();
+        let ctx = node.open(0xabe, Some(0));
+        for n in 0..5 {
+            shm::stop_task(ctx.start_task(&allreduce(n)).expect("a slot"));
+        }
+        let (mut t, p) = (node.tracker(), Progress::default());
+        node.poll(&mut t, &p, 1_000);
+        let coll = &cut(&p)[0].collectives;
+        assert_eq!(coll.len(), 1);
+        assert_eq!(coll[0].seq, 5);
+        assert!(coll[0].end_ns >= coll[0].start_ns && !coll[0].in_flight());
+        shm::close(ctx);
+    }
+
+    #[test]
+    fn a_dead_process_is_reported_once_and_its_segments_go_quiet() {
+        let node = Node::new();
+        let a = node.open(0xac0, Some(5));
+        let b = node.open(0xac1, Some(5));
+        a.start_task(&allreduce(0)).expect("a slot");
+        let (mut t, p) = (node.tracker(), Progress::default());
+        assert_eq!(node.poll(&mut t, &p, 1_000_000).exits, 0);
+        cut(&p);
+        node.kill();
+        let stats = node.poll(&mut t, &p, 3_000_000);
+        assert_eq!(
+            (stats.exits, stats.segments),
+            (1, 0),
+            "one exit for two segments"
+        );
+        let jobs = cut(&p);
+        let exit = &jobs[0].processes[0];
+        assert_eq!((exit.rank, exit.alive, exit.at_ns), (5, false, 2_000_000));
+        assert_eq!((exit.exit_code, exit.signal), (None, None));
+        assert!(jobs[0].collectives.is_empty(), "its flight ends with it");
+        let again = node.poll(&mut t, &p, 4_000_000);
+        assert_eq!((again.exits, again.segments, again.collectives), (0, 0, 0));
+        shm::close(a);
+        shm::close(b);
+    }
+
+    #[test]
+    fn a_zombie_tells_its_signal_and_a_reused_pid_is_an_exit() {
+        let node = Node::new();
+        let ctx = node.open(0xac2, Some(1));
+        let (mut t, p) = (node.tracker(), Progress::default());
+        node.poll(&mut t, &p, 1_000);
+        // Killed by SIGKILL, not reaped yet: state Z, exit_code field 52 = 9.
+        node.set_stat(|mut f| {
+            f[0] = "Z".to_owned();
+            f.resize(50, "0".to_owned());
+            f[49] = "9".to_owned();
+            f
+        });
+        assert_eq!(node.poll(&mut t, &p, 2_000).exits, 1);
+        let exit = cut(&p)[0].processes[0].clone();
+        assert_eq!((exit.signal, exit.exit_code), (Some(9), None));
+        shm::close(ctx);
+
+        let node = Node::new();
+        let ctx = node.open(0xac3, Some(1));
+        let (mut t, p) = (node.tracker(), Progress::default());
+        node.poll(&mut t, &p, 1_000);
+        node.set_stat(|mut f| {
+            f[19] = "1".to_owned(); // another start time: another process
+            f
+        });
+        assert_eq!(node.poll(&mut t, &p, 2_000).exits, 1);
+        shm::close(ctx);
+    }
+
+    #[test]
+    fn segments_of_processes_dead_before_the_agent_are_not_news() {
+        let node = Node::new();
+        let ctx = node.open(0xac4, Some(2));
+        ctx.start_task(&allreduce(0)).expect("a slot");
+        node.kill();
+        let (mut t, p) = (node.tracker(), Progress::default());
+        let stats = node.poll(&mut t, &p, 1_000);
+        assert_eq!((stats.exits, stats.segments, stats.collectives), (0, 0, 0));
+        assert!(cut(&p).is_empty(), "no rank, no flight, no exit");
+        shm::close(ctx);
+    }
+
+    #[test]
+    fn pids_of_another_namespace_are_not_judged() {
+        let node = Node::new();
+        let ctx = node.open(0xac5, Some(2));
+        node.kill();
+        let mut t = SegmentTracker::with_pid_namespace(node.proc.path(), Some(1));
+        let p = Progress::default();
+        let stats = node.poll(&mut t, &p, 1_000);
+        assert_eq!(
+            (stats.exits, stats.segments),
+            (0, 1),
+            "reported, never judged dead"
+        );
+        shm::close(ctx);
+    }
+
+    #[test]
+    fn segments_without_rank_are_counted_and_a_missing_directory_is_fine() {
+        let node = Node::new();
+        let ctx = node.open(0xac6, None);
+        std::fs::write(node.shm.path().join("nccl-1-2-3.seg"), b"garbage").expect("write");
+        std::fs::write(node.shm.path().join("other.txt"), b"not a segment").expect("write");
+        let (mut t, p) = (node.tracker(), Progress::default());
+        let stats = node.poll(&mut t, &p, 1_000);
+        assert_eq!(
+            (stats.unattributed, stats.unreadable, stats.segments),
+            (1, 1, 0)
+        );
+        shm::close(ctx);
+        let gone = node.shm.path().join("not-there");
+        assert_eq!(
+            poll_segments(&gone, &mut t, &p, 2_000).expect("poll"),
+            PollStats::default()
+        );
+    }
+}
