@@ -17,7 +17,7 @@
 //!
 //! | kind | body |
 //! |------|------|
-//! | 1 hello | world `u32`, local rank `i32`, GPU index `i32` (-1: none), job: `u16` length + UTF-8 |
+//! | 1 hello | world `u32`, local rank `i32`, GPU index `i32` (-1: none), pid namespace `u64` (inode of `/proc/self/ns/pid`, 0: unknown), job: `u16` length + UTF-8 |
 //! | 2 comm  | comm `u64`, size `u32`, rank in comm `u32`, name: `u16` length + UTF-8 |
 //! | 3 start | comm `u64`, seq `u64`, op `u32` (wire `CollOp`), bytes `u64`, at `i64` ns |
 //! | 4 end   | comm `u64`, seq `u64`, at `i64` ns |
@@ -64,6 +64,9 @@ pub enum Message {
         local_rank: Option<u32>,
         /// GPU index, when it uses one.
         gpu: Option<u32>,
+        /// The sender's pid namespace (0: unknown); its pid means something to the
+        /// agent only in the agent's own namespace.
+        pidns: u64,
         /// Job id.
         job: String,
     },
@@ -207,6 +210,7 @@ pub fn decode(d: &[u8]) -> Result<(u32, u32, Message), DecodeError> {
             world: f.u32()?,
             local_rank: opt(f.i32()?),
             gpu: opt(f.i32()?),
+            pidns: f.u64()?,
             job: f.text(MAX_JOB_LEN)?,
         },
         2 => Message::Comm {
@@ -289,6 +293,12 @@ pub fn liveness(proc_root: &Path, pid: u32) -> Liveness {
     }
 }
 
+/// The inode of the agent's pid namespace, which names it.
+pub fn own_pid_namespace() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+}
+
 /// A process the capture heard from.
 #[derive(Debug, Clone)]
 struct Member {
@@ -300,6 +310,8 @@ struct Member {
     said_exit: bool,
     /// Its process was stopped at the last look.
     stopped: bool,
+    /// Its pid is in the agent's pid namespace, so `/proc` tells about it.
+    pid_visible: bool,
 }
 
 /// The receiving end: turns datagrams into progress and watches the senders' pids.
@@ -307,6 +319,8 @@ struct Member {
 pub struct Capture {
     progress: Progress,
     proc_root: PathBuf,
+    /// The agent's own pid namespace.
+    own_pidns: Option<u64>,
     members: HashMap<u32, Member>,
     /// Messages handled, by kind (tests and metrics read it).
     pub counts: HashMap<&'static str, u64>,
@@ -318,6 +332,7 @@ impl Capture {
         Capture {
             progress,
             proc_root: proc_root.into(),
+            own_pidns: own_pid_namespace(),
             members: HashMap::new(),
             counts: HashMap::new(),
         }
@@ -347,6 +362,7 @@ impl Capture {
             world,
             local_rank: _,
             gpu,
+            pidns,
             job,
         } = &msg
         {
@@ -368,6 +384,7 @@ impl Capture {
                     alive_at_ns: now_ns,
                     said_exit: false,
                     stopped: false,
+                    pid_visible: *pidns != 0 && Some(*pidns) == self.own_pidns,
                 },
             );
             self.progress.rank(
@@ -514,6 +531,11 @@ impl Capture {
             self.members.remove(&pid);
             return;
         }
+        if !m.pid_visible {
+            // Its pid means nothing here: the closed connection is all there is.
+            self.report_gone(pid, Liveness::Gone, now_ns);
+            return;
+        }
         // The socket closes in the middle of the exit: give the kernel a moment to
         // finish it, so the wait status can be read.
         let mut state = liveness(&self.proc_root, pid);
@@ -564,6 +586,9 @@ impl Capture {
     pub fn check_pids(&mut self, now_ns: i64) {
         let mut gone = vec![];
         for (&pid, m) in &mut self.members {
+            if !m.pid_visible {
+                continue;
+            }
             let state = liveness(&self.proc_root, pid);
             match state {
                 Liveness::Alive | Liveness::Stopped => {
@@ -821,6 +846,7 @@ mod tests {
         d.extend(8u32.to_le_bytes());
         d.extend(1i32.to_le_bytes());
         d.extend((-1i32).to_le_bytes());
+        d.extend(own_pid_namespace().unwrap_or(0).to_le_bytes());
         text(&mut d, job);
         d
     }
@@ -865,6 +891,7 @@ mod tests {
                     world: 8,
                     local_rank: Some(1),
                     gpu: None,
+                    pidns: own_pid_namespace().unwrap_or(0),
                     job: "job-1".into()
                 }
             ))
@@ -975,6 +1002,29 @@ mod tests {
         assert_eq!(
             jobs[0].logs[0].line,
             "RuntimeError: Connection closed by peer"
+        );
+    }
+
+    #[test]
+    fn a_pid_from_another_namespace_is_never_looked_up() {
+        let procs = fake_proc(&[]);
+        let progress = Progress::default();
+        let mut cap = Capture::new(progress.clone(), procs.path());
+        let mut h = hello(1, 0, "j");
+        let at = HEADER_LEN + 12;
+        h[at..at + 8].copy_from_slice(&12345u64.to_le_bytes());
+        assert_eq!(cap.handle(&h, 1), "hello");
+        cap.check_pids(10);
+        assert_eq!(
+            cap.ranks(),
+            1,
+            "pid 1 of a container is not the agent's pid 1"
+        );
+        cap.hung_up(1, 20);
+        assert_eq!(
+            cap.ranks(),
+            0,
+            "a closed connection is a death all the same"
         );
     }
 

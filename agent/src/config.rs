@@ -50,6 +50,8 @@ pub struct CaptureFile {
     pub socket: Option<PathBuf>,
     /// Where the pids of training processes are looked up (default `/proc`).
     pub proc_root: Option<PathBuf>,
+    /// Where `warden-nccl-profiler` keeps its segments (default `/dev/shm/warden`).
+    pub shm_dir: Option<PathBuf>,
 }
 
 /// Effective job-side capture settings.
@@ -61,6 +63,8 @@ pub struct CaptureConfig {
     pub socket: PathBuf,
     /// Where pids are looked up.
     pub proc_root: PathBuf,
+    /// Where NCCL profiler segments are read from.
+    pub shm_dir: PathBuf,
 }
 
 /// Default path of the capture socket.
@@ -72,6 +76,7 @@ impl Default for CaptureConfig {
             enabled: true,
             socket: PathBuf::from(DEFAULT_CAPTURE_SOCKET),
             proc_root: PathBuf::from("/proc"),
+            shm_dir: PathBuf::from("/dev/shm/warden"),
         }
     }
 }
@@ -690,6 +695,9 @@ impl AgentConfig {
         }
         if let Some(p) = capf.proc_root {
             capture.proc_root = p;
+        }
+        if let Some(p) = capf.shm_dir {
+            capture.shm_dir = p;
         }
 
         match node_name {

@@ -130,6 +130,42 @@ impl SegmentTracker {
     }
 }
 
+/// Start the segment reader when the capture is enabled: every [`POLL_EVERY`] it reads
+/// `cfg.shm_dir` into `progress` until the agent stops. A directory that cannot be read
+/// (other than missing) marks the `nccl` collector down until it can.
+pub fn start(
+    cfg: &crate::config::CaptureConfig,
+    shared: &crate::runtime::Shared,
+    progress: &Progress,
+) -> Option<std::thread::JoinHandle<()>> {
+    if !cfg.enabled {
+        return None;
+    }
+    let (dir, shared, progress) = (cfg.shm_dir.clone(), shared.clone(), progress.clone());
+    let mut tracker = SegmentTracker::new(cfg.proc_root.clone());
+    crate::collectors::spawn("nccl", move || {
+        let mut up = None;
+        loop {
+            let ok = match poll_segments(&dir, &mut tracker, &progress, crate::ship::wall_ns()) {
+                Ok(_) => true,
+                Err(e) => {
+                    if up != Some(false) {
+                        tracing::warn!(dir = %dir.display(), error = %e, "cannot read NCCL profiler segments");
+                    }
+                    false
+                }
+            };
+            if up != Some(ok) {
+                shared.set_up("nccl", ok);
+                up = Some(ok);
+            }
+            if !shared.sleep(POLL_EVERY) {
+                return;
+            }
+        }
+    })
+}
+
 /// Whether `name` is a segment file name (`nccl-*.seg`).
 fn is_segment_name(name: &str) -> bool {
     name.starts_with("nccl-") && name.ends_with(".seg")

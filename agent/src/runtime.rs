@@ -278,6 +278,7 @@ pub async fn run(
     threads.extend(crate::collectors::start(&cfg, &shared, &registry));
     let progress = crate::progress::Progress::default();
     threads.extend(crate::capture::start(&cfg.capture, &shared, &progress));
+    threads.extend(crate::nccl::start(&cfg.capture, &shared, &progress));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let shipper = match &cfg.ship.url {

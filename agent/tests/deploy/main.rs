@@ -528,17 +528,21 @@ fn agent_daemonset_keeps_privileges_minimal() {
             [
                 "/dev/kmsg",
                 "/dev/shm",
+                "/run/warden",
                 "/var/log/containers",
                 "/var/log/pods"
             ]
             .into(),
             "{what}: host paths"
         );
+        // Read-only everywhere but the capture socket's directory, where the agent
+        // creates the socket training processes connect to.
         for m in c.volume_mounts.iter().flatten() {
+            let writable = host.get(m.name.as_str()) == Some(&"/run/warden");
             assert_eq!(
-                m.read_only,
-                Some(true),
-                "{what}: mount {} is read-only",
+                m.read_only.unwrap_or(false),
+                !writable,
+                "{what}: mount {} is read-only (only /run/warden is writable)",
                 m.name
             );
         }

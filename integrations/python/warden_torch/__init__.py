@@ -63,6 +63,11 @@ class _State:
         self.local_rank = local_rank
         self.gpu = gpu
         self.pid = os.getpid()
+        try:
+            # The agent judges our pid only when it lives in the same pid namespace.
+            self.pidns = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            self.pidns = 0
         self.sock = None
         self.backlog = b""
         self.send_lock = threading.Lock()
@@ -135,7 +140,7 @@ class _State:
             self.sent += 1
 
     def hello(self):
-        return _wire.hello(self.pid, self.rank, self.world, self.local_rank, self.gpu, self.job)
+        return _wire.hello(self.pid, self.rank, self.world, self.local_rank, self.gpu, self.pidns, self.job)
 
 
 def _job_id():

@@ -28,7 +28,7 @@ OPS = {
 }
 
 _HEADER = "<2sBBII"
-_HELLO = struct.Struct(_HEADER + "Iii")
+_HELLO = struct.Struct(_HEADER + "IiiQ")
 _COMM = struct.Struct(_HEADER + "QII")
 _START = struct.Struct(_HEADER + "QQIQq")
 _END = struct.Struct(_HEADER + "QQq")
@@ -49,8 +49,8 @@ def _text(s, limit):
     return _LEN.pack(len(b)) + b
 
 
-def hello(pid, rank, world, local_rank, gpu, job):
-    return _HELLO.pack(b"WT", VERSION, HELLO, pid, rank, world, local_rank, gpu) + _text(job, 253)
+def hello(pid, rank, world, local_rank, gpu, pidns, job):
+    return _HELLO.pack(b"WT", VERSION, HELLO, pid, rank, world, local_rank, gpu, pidns) + _text(job, 253)
 
 
 def comm(pid, rank, comm_id, size, comm_rank, name):

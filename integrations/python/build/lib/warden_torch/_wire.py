@@ -1,0 +1,92 @@
+"""The capture messages the Warden agent reads (agent/src/capture.rs, docs/CAPTURE.md).
+
+Little-endian; on the stream each message follows its u16 length. A 12-byte header (b"WT", version, kind, pid u32, rank u32) and a body per
+kind. Times are CLOCK_REALTIME nanoseconds, the clock the agent stamps with.
+"""
+
+import struct
+
+VERSION = 1
+HELLO, COMM, START, END, STEP, EXIT = 1, 2, 3, 4, 5, 6
+
+# Wire CollOp values (model/src/wire.rs).
+OPS = {
+    "all_reduce": 1,
+    "all_gather": 2,
+    "all_gather_into_tensor": 2,
+    "reduce_scatter": 3,
+    "reduce_scatter_tensor": 3,
+    "broadcast": 4,
+    "reduce": 5,
+    "all_to_all_single": 6,
+    "all_to_all": 6,
+    "send": 7,
+    "recv": 8,
+    "barrier": 10,
+    "gather": 0,
+    "scatter": 0,
+}
+
+_HEADER = "<2sBBII"
+_HELLO = struct.Struct(_HEADER + "IiiQ")
+_COMM = struct.Struct(_HEADER + "QII")
+_START = struct.Struct(_HEADER + "QQIQq")
+_END = struct.Struct(_HEADER + "QQq")
+_STEP = struct.Struct(_HEADER + "QqIddd")
+_EXIT = struct.Struct(_HEADER + "iq")
+_LEN = struct.Struct("<H")
+
+
+def frame(message):
+    """A message on the stream: its u16 length, then the message."""
+    return _LEN.pack(len(message)) + message
+
+
+def _text(s, limit):
+    b = s.encode("utf-8", "replace")[:limit]
+    # Never cut a UTF-8 sequence in half.
+    b = b.decode("utf-8", "ignore").encode("utf-8")
+    return _LEN.pack(len(b)) + b
+
+
+def hello(pid, rank, world, local_rank, gpu, pidns, job):
+    return _HELLO.pack(b"WT", VERSION, HELLO, pid, rank, world, local_rank, gpu, pidns) + _text(job, 253)
+
+
+def comm(pid, rank, comm_id, size, comm_rank, name):
+    return _COMM.pack(b"WT", VERSION, COMM, pid, rank, comm_id, size, comm_rank) + _text(name, 256)
+
+
+def start(pid, rank, comm_id, seq, op, nbytes, at_ns):
+    return _START.pack(b"WT", VERSION, START, pid, rank, comm_id, seq, op, nbytes, at_ns)
+
+
+def end(pid, rank, comm_id, seq, at_ns):
+    return _END.pack(b"WT", VERSION, END, pid, rank, comm_id, seq, at_ns)
+
+
+def step(pid, rank, step_no, at_ns, loss, grad_norm, tokens_per_s):
+    flags = 0
+    if loss is not None:
+        flags |= 1
+    if grad_norm is not None:
+        flags |= 2
+    if tokens_per_s is not None:
+        flags |= 4
+    return _STEP.pack(
+        b"WT",
+        VERSION,
+        STEP,
+        pid,
+        rank,
+        step_no,
+        at_ns,
+        flags,
+        0.0 if loss is None else loss,
+        0.0 if grad_norm is None else grad_norm,
+        0.0 if tokens_per_s is None else tokens_per_s,
+    )
+
+
+def exit_(pid, rank, code, at_ns, message):
+    return _EXIT.pack(b"WT", VERSION, EXIT, pid, rank, code, at_ns) + _text(message, 4096)
