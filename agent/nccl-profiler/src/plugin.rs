@@ -171,15 +171,12 @@ fn other(ty: u64) -> Start {
     }
 }
 
-/// Decode a v4 descriptor.
-///
-/// # Safety
-/// `d` points to a v4 descriptor whose union member matches its type, as NCCL passes.
-pub unsafe fn decode_v4(d: *const DescrV4) -> Start {
-    // SAFETY: the caller promises a valid descriptor; each arm reads the union member
-    // its type selects, and the struct is Copy (plain pointers and integers).
-    unsafe {
-        let ty = u64::from((*d).type_);
+/// The body both descriptor versions share: v4 and v5 differ in the width of `type_`
+/// and in layout, not in the members read here.
+macro_rules! decode_descriptor {
+    ($d:expr, $ty:expr) => {{
+        let d = $d;
+        let ty: u64 = $ty;
         match ty {
             event::COLL => {
                 let c = (*d).u.coll;
@@ -217,7 +214,17 @@ pub unsafe fn decode_v4(d: *const DescrV4) -> Start {
             },
             _ => other(ty),
         }
-    }
+    }};
+}
+
+/// Decode a v4 descriptor.
+///
+/// # Safety
+/// `d` points to a v4 descriptor whose union member matches its type, as NCCL passes.
+pub unsafe fn decode_v4(d: *const DescrV4) -> Start {
+    // SAFETY: the caller promises a valid descriptor; each arm reads the union member
+    // its type selects, and the struct is Copy (plain pointers and integers).
+    unsafe { decode_descriptor!(d, u64::from((*d).type_)) }
 }
 
 /// Decode a v5 descriptor.
@@ -226,46 +233,7 @@ pub unsafe fn decode_v4(d: *const DescrV4) -> Start {
 /// As for [`decode_v4`], with a v5 descriptor.
 pub unsafe fn decode_v5(d: *const DescrV5) -> Start {
     // SAFETY: as in decode_v4.
-    unsafe {
-        let ty = (*d).type_;
-        match ty {
-            event::COLL => {
-                let c = (*d).u.coll;
-                task(
-                    layout::KIND_COLL,
-                    c.seqNumber,
-                    c.func,
-                    c.count,
-                    c.datatype,
-                    c.nChannels,
-                    c.root,
-                )
-            }
-            event::P2P => {
-                let p = (*d).u.p2p;
-                task(
-                    layout::KIND_P2P,
-                    0,
-                    p.func,
-                    p.count,
-                    p.datatype,
-                    p.nChannels,
-                    p.peer,
-                )
-            }
-            event::PROXY_OP => Start::Child {
-                parent: (*d).parentObj,
-                proxy: true,
-                pid: Some((*d).u.proxyOp.pid),
-            },
-            event::KERNEL_CH => Start::Child {
-                parent: (*d).parentObj,
-                proxy: false,
-                pid: None,
-            },
-            _ => other(ty),
-        }
-    }
+    unsafe { decode_descriptor!(d, (*d).type_) }
 }
 
 /// Decode a v6 descriptor: v5's members sit at the same offsets.
