@@ -667,6 +667,8 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 pub const PID_CHECK_EVERY: Duration = Duration::from_millis(500);
 /// How long a reader waits for bytes before it looks at the stop flag.
 const READ_WAIT: Duration = Duration::from_millis(500);
+/// How long the accept loop sleeps when nobody is connecting.
+const ACCEPT_WAIT: Duration = Duration::from_millis(250);
 /// Most connections at once; more are closed at once.
 const MAX_CONNECTIONS: usize = 1024;
 
@@ -759,7 +761,9 @@ pub fn serve(
                 }));
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
+                // A new process waits in the listen backlog meanwhile; what it sends
+                // waits in its socket. Four looks a second keep an idle agent idle.
+                std::thread::sleep(ACCEPT_WAIT);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
