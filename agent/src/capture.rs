@@ -2,9 +2,11 @@
 //! package) connect to a Unix stream socket of the agent and send small messages — who
 //! they are, the communicators they use, each collective they enter and complete, each
 //! step's loss and grad norm, their own exit — and the agent turns them into
-//! [`Progress`]. A connection that closes without an exit message is a death (kill -9,
-//! the OOM killer, a segfault): it is reported at once, with the wait status when the
-//! kernel still holds it; the pids are also looked at now and then.
+//! [`Progress`]. One thread serves every connection, reading them all on a short tick,
+//! so the agent wakes at a fixed rate however often processes report. A connection
+//! that closes without an exit message is a death (kill -9, the OOM killer, a
+//! segfault): it is reported at once, with the wait status when the kernel still holds
+//! it; the pids are also looked at now and then.
 //!
 //! A stream, not datagrams: a Unix datagram socket queues only
 //! `net.unix.max_dgram_qlen` (10) messages, which eight ranks finishing the same
@@ -32,7 +34,6 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use warden_model::wire::{
@@ -665,116 +666,122 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 
 /// How often pids are looked at while processes are connected.
 pub const PID_CHECK_EVERY: Duration = Duration::from_millis(500);
-/// How long a reader waits for bytes before it looks at the stop flag.
-const READ_WAIT: Duration = Duration::from_millis(500);
-/// How long the accept loop sleeps when nobody is connecting.
-const ACCEPT_WAIT: Duration = Duration::from_millis(250);
+/// How often connections are read while processes are connected: one wake-up per tick
+/// for every process on the node, however often they report (a message waits in its
+/// socket meanwhile, at most this long).
+pub const READ_EVERY: Duration = Duration::from_millis(20);
+/// How long the loop sleeps when nobody is connected (a new process waits in the
+/// listen backlog meanwhile).
+const IDLE_WAIT: Duration = Duration::from_millis(250);
 /// Most connections at once; more are closed at once.
 const MAX_CONNECTIONS: usize = 1024;
+/// Most bytes held for one connection's unfinished message (a message is at most
+/// 2 + 65535 bytes).
+const MAX_PARTIAL: usize = 1 << 17;
 
-/// The capture shared between connection threads.
-pub type SharedCapture = Arc<Mutex<Capture>>;
-
-fn lock(c: &SharedCapture) -> MutexGuard<'_, Capture> {
-    c.lock().unwrap_or_else(|e| e.into_inner())
+/// One connected process: its socket, the bytes of an unfinished message, and its pid
+/// once it said hello.
+#[derive(Debug)]
+struct Connection {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    pid: Option<u32>,
 }
 
-/// Read frames (`u16` length, then one message) from one process until it hangs up
-/// or `stop` says so; the process's end of the connection closing without an exit
-/// message is its death.
-pub fn read_connection(
-    mut conn: UnixStream,
-    capture: &SharedCapture,
-    stop: &dyn Fn() -> bool,
-    on_message: &dyn Fn(&'static str),
-) {
-    if conn.set_read_timeout(Some(READ_WAIT)).is_err() {
-        return;
-    }
-    let mut buf: Vec<u8> = Vec::with_capacity(4096);
-    let mut chunk = [0u8; 16 << 10];
-    let mut pid = None;
-    loop {
-        if stop() {
-            return;
-        }
-        match conn.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue;
+impl Connection {
+    /// Read what is waiting and handle every whole message; false once the peer hung up.
+    fn pump(
+        &mut self,
+        capture: &mut Capture,
+        chunk: &mut [u8],
+        on_message: &mut dyn FnMut(&'static str),
+    ) -> bool {
+        loop {
+            match self.stream.read(chunk) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    self.frames(capture, on_message);
+                    if self.buf.len() > MAX_PARTIAL {
+                        return false;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
             }
-            Err(_) => break,
         }
+    }
+
+    fn frames(&mut self, capture: &mut Capture, on_message: &mut dyn FnMut(&'static str)) {
         let mut at = 0;
-        while let Some(len) = buf
+        while let Some(len) = self
+            .buf
             .get(at..at + 2)
             .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
         {
-            let Some(frame) = buf.get(at + 2..at + 2 + len) else {
+            let Some(frame) = self.buf.get(at + 2..at + 2 + len) else {
                 break;
             };
-            let now = wall_ns();
-            let kind = lock(capture).handle(frame, now);
+            let kind = capture.handle(frame, wall_ns());
             if kind == "hello" {
-                pid = decode(frame).ok().map(|(p, ..)| p);
+                self.pid = decode(frame).ok().map(|(p, ..)| p);
             }
             on_message(kind);
             at += 2 + len;
         }
-        buf.drain(..at);
-    }
-    if let Some(pid) = pid {
-        lock(capture).hung_up(pid, wall_ns());
+        self.buf.drain(..at);
     }
 }
 
-/// Accept training processes on `listener` until `stop` says so, one reader thread per
-/// connection, and look at their pids every [`PID_CHECK_EVERY`].
+/// Serve training processes on `listener` from this one thread until `stop` says so:
+/// accept, read every connection each [`READ_EVERY`] (a connection that closes without
+/// an exit message is a death), and look at the pids each [`PID_CHECK_EVERY`].
 pub fn serve(
     listener: &UnixListener,
-    capture: &SharedCapture,
-    stop: Arc<dyn Fn() -> bool + Send + Sync>,
-    on_message: Arc<dyn Fn(&'static str) + Send + Sync>,
+    capture: &mut Capture,
+    stop: &mut dyn FnMut(&Capture) -> bool,
+    on_message: &mut dyn FnMut(&'static str),
 ) -> io::Result<()> {
     listener.set_nonblocking(true)?;
-    let mut readers: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut conns: Vec<Connection> = Vec::new();
+    let mut chunk = vec![0u8; 16 << 10];
     let mut checked = Instant::now();
-    while !stop() {
-        match listener.accept() {
-            Ok((conn, _)) => {
-                readers.retain(|r| !r.is_finished());
-                if readers.len() >= MAX_CONNECTIONS || conn.set_nonblocking(false).is_err() {
-                    continue;
+    while !stop(capture) {
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    if conns.len() < MAX_CONNECTIONS && stream.set_nonblocking(true).is_ok() {
+                        conns.push(Connection {
+                            stream,
+                            buf: Vec::new(),
+                            pid: None,
+                        });
+                    }
                 }
-                let (capture, stop, on_message) =
-                    (capture.clone(), stop.clone(), on_message.clone());
-                readers.extend(crate::collectors::spawn("capture-conn", move || {
-                    read_connection(conn, &capture, &*stop, &*on_message);
-                }));
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // A new process waits in the listen backlog meanwhile; what it sends
-                // waits in its socket. Four looks a second keep an idle agent idle.
-                std::thread::sleep(ACCEPT_WAIT);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
         }
+        conns.retain_mut(|c| {
+            let open = c.pump(capture, &mut chunk, on_message);
+            if !open {
+                if let Some(pid) = c.pid {
+                    capture.hung_up(pid, wall_ns());
+                }
+            }
+            open
+        });
         if checked.elapsed() >= PID_CHECK_EVERY {
             checked = Instant::now();
-            lock(capture).check_pids(wall_ns());
+            capture.check_pids(wall_ns());
         }
-    }
-    for r in readers {
-        let _ = r.join();
+        std::thread::sleep(if conns.is_empty() {
+            IDLE_WAIT
+        } else {
+            READ_EVERY
+        });
     }
     Ok(())
 }
@@ -800,23 +807,18 @@ pub fn start(
     };
     shared.set_up("capture", true);
     tracing::info!(socket = %cfg.socket.display(), "job-side capture listening");
-    let capture: SharedCapture = Arc::new(Mutex::new(Capture::new(
-        progress.clone(),
-        cfg.proc_root.clone(),
-    )));
+    let mut capture = Capture::new(progress.clone(), cfg.proc_root.clone());
     let (shared, path) = (shared.clone(), cfg.socket.clone());
     crate::collectors::spawn("capture", move || {
-        let (metrics, stop) = (shared.metrics.clone(), shared.stop.clone());
-        let gauge = metrics.capture_ranks.clone();
-        let watched = capture.clone();
+        let metrics = shared.metrics.clone();
         let result = serve(
             &listener,
-            &capture,
-            Arc::new(move || {
-                gauge.set(lock(&watched).ranks() as i64);
-                stop.is_raised()
-            }),
-            Arc::new(move |kind| metrics.capture_messages.with_label_values(&[kind]).inc()),
+            &mut capture,
+            &mut |c| {
+                metrics.capture_ranks.set(c.ranks() as i64);
+                shared.stop.is_raised()
+            },
+            &mut |kind| metrics.capture_messages.with_label_values(&[kind]).inc(),
         );
         if let Err(e) = result {
             tracing::error!(error = %e, "job-side capture stopped");
@@ -1075,21 +1077,23 @@ mod tests {
         // pid 7 is not in this fake /proc: once it hangs up, it is dead.
         let procs = fake_proc(&[]);
         let progress = Progress::default();
-        let capture: SharedCapture =
-            Arc::new(Mutex::new(Capture::new(progress.clone(), procs.path())));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let server = {
-            let (capture, seen, done) = (capture.clone(), seen.clone(), done.clone());
-            std::thread::spawn(move || {
-                serve(
-                    &listener,
-                    &capture,
-                    Arc::new(move || done.load(std::sync::atomic::Ordering::SeqCst)),
-                    Arc::new(move |k| seen.lock().expect("lock").push(k)),
-                )
-            })
-        };
+        let mut capture = Capture::new(progress.clone(), procs.path());
+        let server = std::thread::spawn(move || {
+            let mut seen = vec![];
+            let mut hello_seen = false;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            serve(
+                &listener,
+                &mut capture,
+                &mut |c| {
+                    hello_seen |= c.ranks() > 0;
+                    (hello_seen && c.ranks() == 0) || Instant::now() > deadline
+                },
+                &mut |k| seen.push(k),
+            )
+            .expect("serve");
+            seen
+        });
         let mut client = UnixStream::connect(&path).expect("connect");
         let mut frames = vec![];
         for m in [hello(7, 0, "j"), start(7, 0, 1, 100)] {
@@ -1099,17 +1103,11 @@ mod tests {
         // Split mid-frame: the reader must put frames back together.
         use std::io::Write;
         client.write_all(&frames[..5]).expect("write");
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(100));
         client.write_all(&frames[5..]).expect("write");
         std::thread::sleep(Duration::from_millis(100));
         drop(client);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while lock(&capture).ranks() > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        done.store(true, std::sync::atomic::Ordering::SeqCst);
-        server.join().expect("server").expect("serve");
-        assert_eq!(*seen.lock().expect("lock"), vec!["hello", "start"]);
+        assert_eq!(server.join().expect("server"), vec!["hello", "start"]);
         let mut pending = Pending::default();
         progress.flush(wall_ns(), &mut pending);
         let jobs = pending.take_jobs();

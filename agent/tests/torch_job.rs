@@ -290,6 +290,16 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
+        // torchrun starts each worker in a session of its own, so the workers are
+        // killed by pid (SIGKILL also ends a stopped one), then the launchers' groups.
+        for rank in 0..RANKS_PER_NODE * NODES.len() as u32 {
+            if let Ok(pid) = std::fs::read_to_string(self.work.join(format!("rank{rank}.pid"))) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", pid.trim()])
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
         for c in &mut self.launches {
             // The whole process group: torchrun and its workers (a stopped one too).
             let pg = format!("-{}", c.id());
