@@ -323,8 +323,6 @@ pub struct Capture {
     /// The agent's own pid namespace.
     own_pidns: Option<u64>,
     members: HashMap<u32, Member>,
-    /// Messages handled, by kind (tests and metrics read it).
-    pub counts: HashMap<&'static str, u64>,
 }
 
 impl Capture {
@@ -335,12 +333,7 @@ impl Capture {
             proc_root: proc_root.into(),
             own_pidns: own_pid_namespace(),
             members: HashMap::new(),
-            counts: HashMap::new(),
         }
-    }
-
-    fn count(&mut self, kind: &'static str) {
-        *self.counts.entry(kind).or_default() += 1;
     }
 
     /// Ranks known now.
@@ -354,7 +347,6 @@ impl Capture {
             Ok(m) => m,
             Err(e) => {
                 tracing::debug!(error = %e, "capture: refused a datagram");
-                self.count("invalid");
                 return "invalid";
             }
         };
@@ -370,7 +362,6 @@ impl Capture {
             if job.is_empty()
                 || (!self.members.contains_key(&pid) && self.members.len() >= MAX_PROCESSES)
             {
-                self.count("invalid");
                 return "invalid";
             }
             let fresh = self
@@ -413,11 +404,9 @@ impl Capture {
                     },
                 );
             }
-            self.count(kind);
             return kind;
         }
         let Some(member) = self.members.get_mut(&pid).filter(|m| m.rank == rank) else {
-            self.count("unknown_sender");
             return "unknown_sender";
         };
         member.alive_at_ns = now_ns;
@@ -516,7 +505,6 @@ impl Capture {
                 );
             }
         }
-        self.count(kind);
         kind
     }
 
@@ -811,11 +799,13 @@ pub fn start(
     let (shared, path) = (shared.clone(), cfg.socket.clone());
     crate::collectors::spawn("capture", move || {
         let metrics = shared.metrics.clone();
+        let dropped = metrics.records_dropped.with_label_values(&["capture_full"]);
         let result = serve(
             &listener,
             &mut capture,
             &mut |c| {
                 metrics.capture_ranks.set(c.ranks() as i64);
+                crate::metrics::advance(&dropped, c.progress.dropped());
                 shared.stop.is_raised()
             },
             &mut |kind| metrics.capture_messages.with_label_values(&[kind]).inc(),

@@ -84,7 +84,7 @@ impl AgentMetrics {
         let records_dropped = counter_vec(
             r,
             "warden_agent_records_dropped_total",
-            "Records the agent dropped, by reason (buffer_full, pending_full, refused, log_rate).",
+            "Records the agent dropped, by reason (buffer_full, pending_full, refused, log_rate, capture_full).",
             &["reason"],
         )?;
         let collector_up = IntGaugeVec::new(

@@ -75,6 +75,7 @@ impl JobBook {
             && self.processes.is_empty()
             && self.repeats.is_empty()
             && self.new_ranks.is_empty()
+            && self.new_comms.is_empty()
     }
 }
 
