@@ -84,6 +84,8 @@ impl Cluster {
         let port = free_port();
         let controller = Command::new(controller_bin())
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(dir.path().join("controller"))
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -11,8 +11,12 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use warden_controller::api::{self, ApiState, DEFAULT_MAX_BATCH_BYTES};
+use warden_controller::auth::Auth;
 use warden_controller::diagnosis;
 use warden_controller::metrics::Metrics;
+use warden_controller::operate::Operator;
+use warden_controller::persist::Persister;
+use warden_controller::store::Store;
 use warden_controller::view::IncidentView;
 use warden_controller::{Change, Clock, Engine, EngineConfig, ManualClock, SharedEngine};
 use warden_diagnosis::rules::RuleSet;
@@ -67,6 +71,19 @@ struct Server {
 async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), SIM_EPOCH));
     let clock = Arc::new(ManualClock::new(SIM_EPOCH));
+    // The embedded store, in a directory of this run's own, removed at the end.
+    let data = tempfile::Builder::new()
+        .prefix("warden-demo-")
+        .tempdir()
+        .context("making the demo's data directory")?;
+    let store = Store::open_dir(data.path())
+        .await
+        .context("opening the demo's SQLite store")?;
+    let operator = Operator {
+        engine: engine.clone(),
+        persister: Arc::new(tokio::sync::Mutex::new(Persister::new(store.clone()))),
+        store,
+    };
 
     let mut server = None;
     let mut api_addr = None;
@@ -94,6 +111,8 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
             clock: clock.clone(),
             metrics: served,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            auth: Arc::new(Auth::Open),
+            operator: operator.clone(),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -131,6 +150,15 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         let target = started.elapsed().as_secs_f64() * args.speed;
         let mut changes = sim.advance(&mut sink, target);
         clock.set(SIM_EPOCH.plus_secs(sim.now()));
+        if let Err(e) = operator
+            .persister
+            .lock()
+            .await
+            .sync(&engine, clock.now())
+            .await
+        {
+            eprintln!("warden demo: cannot write incidents to the store: {e}");
+        }
         diagnose_opened(
             &engine,
             &rules,

@@ -84,6 +84,7 @@ pub fn verb(change: Change) -> &'static str {
         Change::Reclassified => "RECLASSIFIED",
         Change::Resolved => "RESOLVED",
         Change::Diagnosed => "DIAGNOSED",
+        Change::Acknowledged => "ACKNOWLEDGED",
     }
 }
 
@@ -95,7 +96,7 @@ pub fn incident(change: Change, inc: &IncidentView) -> String {
     let at = match change {
         Change::Opened => inc.detected_s,
         Change::Resolved => inc.resolved_s.unwrap_or(inc.detected_s),
-        Change::Updated | Change::Reclassified | Change::Diagnosed => {
+        Change::Updated | Change::Reclassified | Change::Diagnosed | Change::Acknowledged => {
             inc.timeline.last().map_or(inc.detected_s, |t| t.at_s)
         }
     };

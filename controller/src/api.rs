@@ -2,15 +2,18 @@
 //! progress for people and tools, health probes and Prometheus metrics.
 //!
 //! Every error answer is JSON, `{"error": "..."}`; decode errors add a bounded
-//! `"reason"` label (the same one `warden_ingest_rejected_total` counts).
+//! `"reason"` label (the same one `warden_ingest_rejected_total` counts). Every route
+//! under `/api/v1` needs a bearer token whose role allows it ([`crate::auth`]); the
+//! probes and `/metrics` do not.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -18,11 +21,14 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use warden_model::{IncidentKind, IncidentState};
 
+use crate::auth::{Auth, Need, Principal, Refusal};
 use crate::clock::Clock;
 use crate::engine::{Encoding, SharedEngine};
 use crate::lifecycle::{self, Applied, Phase};
 use crate::metrics::{self, Metrics};
-use crate::view::{IncidentView, JobView, RankView};
+use crate::operate::{OperateError, Operator};
+use crate::store::{self, ActionRecord, IncidentFilter, NodeRecord};
+use crate::view::{IncidentView, JobView, NodeView, RankView};
 
 /// Default largest ingest body accepted, bytes.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
@@ -52,6 +58,10 @@ pub struct ApiState {
     pub metrics: Arc<Metrics>,
     /// Largest ingest body accepted, bytes.
     pub max_batch_bytes: usize,
+    /// Who may call what.
+    pub auth: Arc<Auth>,
+    /// Actions on incidents and nodes, and the store behind them.
+    pub operator: Operator,
 }
 
 /// An error answer: a status and a JSON body.
@@ -89,22 +99,116 @@ pub struct IngestResponse {
     pub accepted: usize,
 }
 
+/// Largest body of an operator's request (ack, resolve, drain), bytes.
+pub const OPERATE_MAX_BYTES: usize = 16 * 1024;
+
+/// Every route under `/api/v1`: method, path and what it needs. The authorization
+/// matrix test walks this list.
+pub const ROUTES: &[(&str, &str, Need)] = &[
+    ("POST", "/api/v1/ingest", Need::Report),
+    ("POST", "/api/v1/jobs/{job}/lifecycle", Need::Report),
+    ("GET", "/api/v1/incidents", Need::Read),
+    ("GET", "/api/v1/incidents/{id}", Need::Read),
+    ("POST", "/api/v1/incidents/{id}/ack", Need::Operate),
+    ("POST", "/api/v1/incidents/{id}/resolve", Need::Operate),
+    ("GET", "/api/v1/nodes", Need::Read),
+    ("POST", "/api/v1/nodes/{name}/drain", Need::Operate),
+    ("DELETE", "/api/v1/nodes/{name}/drain", Need::Operate),
+    ("GET", "/api/v1/jobs", Need::Read),
+    ("GET", "/api/v1/jobs/{job}/ranks", Need::Read),
+    ("GET", "/api/v1/actions", Need::Admin),
+    ("GET", "/api/v1/whoami", Need::Read),
+];
+
+async fn guard(s: &ApiState, need: Need, mut req: Request, next: Next) -> Response {
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match s.auth.check(header, need) {
+        Ok(p) => {
+            req.extensions_mut().insert(p);
+            next.run(req).await
+        }
+        Err(refusal) => {
+            let (status, text) = match refusal {
+                Refusal::Missing => (
+                    StatusCode::UNAUTHORIZED,
+                    "a bearer token is required (Authorization: Bearer TOKEN)".to_owned(),
+                ),
+                Refusal::Unknown => (StatusCode::UNAUTHORIZED, "unknown token".to_owned()),
+                Refusal::Forbidden(role) => (
+                    StatusCode::FORBIDDEN,
+                    format!("role {role} may not {} {}", req.method(), req.uri().path()),
+                ),
+            };
+            tracing::debug!(status = status.as_u16(), path = %req.uri().path(), "request refused");
+            let mut resp = ApiError::new(status, text).into_response();
+            if status == StatusCode::UNAUTHORIZED {
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"warden\""),
+                );
+            }
+            resp
+        }
+    }
+}
+
+async fn need_read(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    guard(&s, Need::Read, req, next).await
+}
+
+async fn need_operate(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    guard(&s, Need::Operate, req, next).await
+}
+
+async fn need_admin(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    guard(&s, Need::Admin, req, next).await
+}
+
+async fn need_report(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    guard(&s, Need::Report, req, next).await
+}
+
 /// Build the router.
 pub fn router(state: ApiState) -> Router {
     let max = state.max_batch_bytes;
-    Router::new()
+    let report = Router::new()
         .route(
             "/api/v1/ingest",
             post(ingest).layer(DefaultBodyLimit::max(max)),
         )
-        .route("/api/v1/incidents", get(list_incidents))
-        .route("/api/v1/incidents/{id}", get(get_incident))
-        .route("/api/v1/jobs", get(list_jobs))
-        .route("/api/v1/jobs/{job}/ranks", get(job_ranks))
         .route(
             "/api/v1/jobs/{job}/lifecycle",
             post(job_lifecycle).layer(DefaultBodyLimit::max(LIFECYCLE_MAX_BYTES)),
         )
+        .route_layer(middleware::from_fn_with_state(state.clone(), need_report));
+    let read = Router::new()
+        .route("/api/v1/incidents", get(list_incidents))
+        .route("/api/v1/incidents/{id}", get(get_incident))
+        .route("/api/v1/nodes", get(list_nodes))
+        .route("/api/v1/jobs", get(list_jobs))
+        .route("/api/v1/jobs/{job}/ranks", get(job_ranks))
+        .route("/api/v1/whoami", get(whoami))
+        .route_layer(middleware::from_fn_with_state(state.clone(), need_read));
+    let operate = Router::new()
+        .route("/api/v1/incidents/{id}/ack", post(ack_incident))
+        .route("/api/v1/incidents/{id}/resolve", post(resolve_incident))
+        .route(
+            "/api/v1/nodes/{name}/drain",
+            post(drain_node).delete(undrain_node),
+        )
+        .layer(DefaultBodyLimit::max(OPERATE_MAX_BYTES))
+        .route_layer(middleware::from_fn_with_state(state.clone(), need_operate));
+    let admin = Router::new()
+        .route("/api/v1/actions", get(list_actions))
+        .route_layer(middleware::from_fn_with_state(state.clone(), need_admin));
+    Router::new()
+        .merge(report)
+        .merge(read)
+        .merge(operate)
+        .merge(admin)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
@@ -189,13 +293,20 @@ async fn ingest(
     }
 }
 
-/// Filters of `GET /api/v1/incidents`.
+/// Filters and paging of `GET /api/v1/incidents`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct IncidentQuery {
     state: Option<String>,
     kind: Option<String>,
     job: Option<String>,
+    node: Option<String>,
+    after: Option<String>,
+    limit: Option<u32>,
 }
+
+/// Default page size of lists.
+pub const DEFAULT_PAGE: u32 = 100;
 
 const STATES: [IncidentState; 4] = [
     IncidentState::Open,
@@ -233,10 +344,34 @@ fn parse_kind(s: &str) -> Result<IncidentKind, ApiError> {
     })
 }
 
+fn store_error(e: &store::StoreError) -> ApiError {
+    tracing::error!(error = %e, "store failed");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the incident store is unavailable: {e}"),
+    )
+}
+
+fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
+    match limit {
+        None => Ok(DEFAULT_PAGE),
+        Some(n) if (1..=store::MAX_PAGE).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "invalid value {n} for parameter `limit`; allowed: 1 to {}",
+                store::MAX_PAGE
+            ),
+        )),
+    }
+}
+
+/// Incidents, oldest first, a page at a time: when the page is full, the
+/// `X-Warden-Next-After` header holds the `after` value of the next page.
 async fn list_incidents(
     State(s): State<ApiState>,
     query: Result<Query<IncidentQuery>, QueryRejection>,
-) -> Result<Json<Vec<IncidentView>>, ApiError> {
+) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
     let state = q
         .state
@@ -250,9 +385,32 @@ async fn list_incidents(
         .filter(|v| !v.is_empty())
         .map(parse_kind)
         .transpose()?;
-    let job = q.job.as_deref().filter(|v| !v.is_empty());
-    let views = s.engine.lock().incident_views(state, kind, job);
-    Ok(Json(views))
+    let nonempty = |v: Option<String>| v.filter(|v| !v.is_empty());
+    let limit = page_limit(q.limit)?;
+    let filter = IncidentFilter {
+        state,
+        kind,
+        job: nonempty(q.job),
+        node: nonempty(q.node),
+        after: nonempty(q.after),
+        limit,
+    };
+    let found = s
+        .operator
+        .store
+        .incidents(&filter)
+        .await
+        .map_err(|e| store_error(&e))?;
+    let origin = s.engine.lock().origin();
+    let next = (found.len() == limit as usize)
+        .then(|| found.last().map(|i| i.id.clone()))
+        .flatten();
+    let views: Vec<IncidentView> = found.iter().map(|i| IncidentView::new(i, origin)).collect();
+    let mut resp = Json(views).into_response();
+    if let Some(v) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        resp.headers_mut().insert("x-warden-next-after", v);
+    }
+    Ok(resp)
 }
 
 async fn get_incident(
@@ -260,14 +418,219 @@ async fn get_incident(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<IncidentView>, ApiError> {
     let Path(id) = id.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
-    let engine = s.engine.lock();
-    match engine.incident(&id) {
-        Some(inc) => Ok(Json(IncidentView::new(inc, engine.origin()))),
+    let found = s
+        .operator
+        .store
+        .incident(&id)
+        .await
+        .map_err(|e| store_error(&e))?;
+    let origin = s.engine.lock().origin();
+    match found {
+        Some(inc) => Ok(Json(IncidentView::new(&inc, origin))),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("no incident {id:?}"),
         )),
     }
+}
+
+/// Body of `POST /api/v1/incidents/{id}/ack`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckBody {
+    #[serde(default)]
+    note: String,
+}
+
+/// Body of `POST /api/v1/incidents/{id}/resolve`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    reason: String,
+}
+
+/// Body of `POST /api/v1/nodes/{name}/drain`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainBody {
+    reason: String,
+    #[serde(default)]
+    incident: Option<String>,
+}
+
+/// Body of `DELETE /api/v1/nodes/{name}/drain` (optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UndrainBody {
+    #[serde(default)]
+    reason: String,
+}
+
+/// Parse an optional or required JSON body.
+fn json_body<T: serde::de::DeserializeOwned>(
+    body: &Result<Bytes, BytesRejection>,
+    empty: Option<T>,
+) -> Result<T, ApiError> {
+    let bytes = match body {
+        Ok(b) => b,
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("body is larger than the {OPERATE_MAX_BYTES}-byte limit"),
+            ));
+        }
+        Err(r) => return Err(ApiError::new(r.status(), r.body_text())),
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        if let Some(v) = empty {
+            return Ok(v);
+        }
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+}
+
+fn operate_error(e: OperateError) -> ApiError {
+    let status = match &e {
+        OperateError::Invalid(_) => StatusCode::BAD_REQUEST,
+        OperateError::UnknownIncident(_) => StatusCode::NOT_FOUND,
+        OperateError::Resolved(_) | OperateError::AlreadyDrained { .. } => StatusCode::CONFLICT,
+        OperateError::NotDrained(_) => StatusCode::NOT_FOUND,
+        OperateError::Store(e) => return store_error(e),
+    };
+    ApiError::new(status, e.to_string())
+}
+
+async fn incident_after(s: &ApiState, id: &str) -> Result<Json<IncidentView>, ApiError> {
+    get_incident(State(s.clone()), Ok(Path(id.to_owned()))).await
+}
+
+#[tracing::instrument(name = "ack", skip_all, fields(incident = %id, actor = %who.name))]
+async fn ack_incident(
+    State(s): State<ApiState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<IncidentView>, ApiError> {
+    let b: AckBody = json_body(&body, Some(AckBody::default()))?;
+    let now = s.clock.now();
+    s.operator
+        .acknowledge(&id, &who.name, &b.note, now)
+        .await
+        .map_err(operate_error)?;
+    tracing::info!("incident acknowledged");
+    incident_after(&s, &id).await
+}
+
+#[tracing::instrument(name = "resolve", skip_all, fields(incident = %id, actor = %who.name))]
+async fn resolve_incident(
+    State(s): State<ApiState>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<IncidentView>, ApiError> {
+    let b: ResolveBody = json_body(&body, None)?;
+    let now = s.clock.now();
+    s.operator
+        .resolve(&id, &who.name, &b.reason, now)
+        .await
+        .map_err(operate_error)?;
+    tracing::info!("incident resolved by hand");
+    incident_after(&s, &id).await
+}
+
+async fn list_nodes(State(s): State<ApiState>) -> Result<Json<Vec<NodeView>>, ApiError> {
+    let now = s.clock.now();
+    let drained = s
+        .operator
+        .store
+        .nodes()
+        .await
+        .map_err(|e| store_error(&e))?;
+    let (agents, origin) = {
+        let e = s.engine.lock();
+        (e.agents(now), e.origin())
+    };
+    Ok(Json(NodeView::merge(&agents, &drained, origin)))
+}
+
+#[tracing::instrument(name = "drain", skip_all, fields(node = %name, actor = %who.name))]
+async fn drain_node(
+    State(s): State<ApiState>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<NodeView>), ApiError> {
+    let b: DrainBody = json_body(&body, None)?;
+    let now = s.clock.now();
+    let rec: NodeRecord = s
+        .operator
+        .drain(&name, &who.name, &b.reason, b.incident.as_deref(), now)
+        .await
+        .map_err(operate_error)?;
+    tracing::info!(reason = %b.reason, "node drained");
+    let origin = s.engine.lock().origin();
+    Ok((
+        StatusCode::CREATED,
+        Json(NodeView::from_record(&rec, None, origin)),
+    ))
+}
+
+#[tracing::instrument(name = "undrain", skip_all, fields(node = %name, actor = %who.name))]
+async fn undrain_node(
+    State(s): State<ApiState>,
+    Extension(who): Extension<Principal>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, ApiError> {
+    let b: UndrainBody = json_body(&body, Some(UndrainBody::default()))?;
+    let now = s.clock.now();
+    s.operator
+        .undrain(&name, &who.name, &b.reason, now)
+        .await
+        .map_err(operate_error)?;
+    tracing::info!("node undrained");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Paging and filter of `GET /api/v1/actions`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionQuery {
+    after: Option<String>,
+    target: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn list_actions(
+    State(s): State<ApiState>,
+    query: Result<Query<ActionQuery>, QueryRejection>,
+) -> Result<Json<Vec<ActionRecord>>, ApiError> {
+    let Query(q) = query.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
+    let limit = page_limit(q.limit)?;
+    let actions = s
+        .operator
+        .store
+        .actions(q.after.as_deref(), q.target.as_deref(), limit)
+        .await
+        .map_err(|e| store_error(&e))?;
+    Ok(Json(actions))
+}
+
+/// The caller, as the API sees them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhoAmI {
+    /// The token's name.
+    pub name: String,
+    /// Its role.
+    pub role: crate::auth::Role,
+}
+
+async fn whoami(Extension(who): Extension<Principal>) -> Json<WhoAmI> {
+    Json(WhoAmI {
+        name: who.name,
+        role: who.role,
+    })
 }
 
 async fn list_jobs(State(s): State<ApiState>) -> Json<Vec<JobView>> {

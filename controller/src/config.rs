@@ -3,7 +3,7 @@
 //! reported at once, each naming the field and where it came from.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 pub use warden_model::config::{ConfigError, ConfigErrors};
@@ -35,6 +35,14 @@ pub struct ConfigFile {
     pub tick_interval_ms: Option<u64>,
     /// Diagnosis of new incidents from the agents' logs (see `docs/DIAGNOSIS.md`).
     pub diagnosis: Option<DiagnosisConfig>,
+    /// Directory of the embedded SQLite store (`warden.db`), when no `database_url`.
+    pub data_dir: Option<PathBuf>,
+    /// PostgreSQL URL of the store (`postgres://...`); the credentials in it are never
+    /// logged. Prefer `WARDEN_DATABASE_URL` from a secret to writing it here.
+    pub database_url: Option<String>,
+    /// Token file of the API (`docs/API.md`, "Authentication"); required unless the API
+    /// listens on a loopback address only.
+    pub tokens_file: Option<PathBuf>,
 }
 
 /// The settings a flag can override (`None`: not given).
@@ -42,6 +50,30 @@ pub struct ConfigFile {
 pub struct Overrides {
     /// `--listen`.
     pub listen: Option<String>,
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--database-url`.
+    pub database_url: Option<String>,
+    /// `--tokens-file`.
+    pub tokens_file: Option<PathBuf>,
+}
+
+/// Where the store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// `warden.db` in this directory.
+    Dir(PathBuf),
+    /// A database URL.
+    Url(String),
+}
+
+/// The default data directory: systemd's `$STATE_DIRECTORY` when set, else
+/// `/var/lib/warden`.
+pub fn default_data_dir(env: &impl Fn(&str) -> Option<String>) -> PathBuf {
+    env("STATE_DIRECTORY")
+        .and_then(|v| v.split(':').next().map(PathBuf::from))
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("/var/lib/warden"))
 }
 
 /// The effective controller configuration.
@@ -55,6 +87,10 @@ pub struct ControllerConfig {
     pub tick_interval_ms: u64,
     /// Diagnosis of new incidents.
     pub diagnosis: DiagnosisConfig,
+    /// The store.
+    pub store: StoreLocation,
+    /// The API's token file; `None`: the API is open (loopback listeners only).
+    pub tokens_file: Option<PathBuf>,
 }
 
 impl Default for ControllerConfig {
@@ -64,6 +100,8 @@ impl Default for ControllerConfig {
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             tick_interval_ms: DEFAULT_TICK_INTERVAL_MS,
             diagnosis: DiagnosisConfig::default(),
+            store: StoreLocation::Dir(PathBuf::from("/var/lib/warden")),
+            tokens_file: None,
         }
     }
 }
@@ -122,6 +160,9 @@ impl ConfigFile {
                     out.max_batch_bytes = one.max_batch_bytes.or(out.max_batch_bytes);
                     out.tick_interval_ms = one.tick_interval_ms.or(out.tick_interval_ms);
                     out.diagnosis = one.diagnosis.or(out.diagnosis);
+                    out.data_dir = one.data_dir.or(out.data_dir);
+                    out.database_url = one.database_url.or(out.database_url);
+                    out.tokens_file = one.tokens_file.or(out.tokens_file);
                 }
                 Err(e) => errors.push(err(name, e.into_inner().to_string())),
             }
@@ -190,7 +231,45 @@ impl ControllerConfig {
             }
         };
         let file_origin = file.map_or_else(String::new, |p| p.display().to_string());
-        let mut cfg = ControllerConfig::default();
+        let mut cfg = ControllerConfig {
+            store: StoreLocation::Dir(default_data_dir(&env)),
+            ..ControllerConfig::default()
+        };
+        // Store and tokens: flag, then environment, then file.
+        let data_dir = flags
+            .data_dir
+            .clone()
+            .or_else(|| env("WARDEN_DATA_DIR").map(PathBuf::from))
+            .or_else(|| parsed.data_dir.clone());
+        let (url, url_origin) = match (&flags.database_url, env("WARDEN_DATABASE_URL")) {
+            (Some(u), _) => (Some(u.clone()), "flag --database-url".to_owned()),
+            (None, Some(u)) => (Some(u), "environment WARDEN_DATABASE_URL".to_owned()),
+            (None, None) => (parsed.database_url.clone(), file_origin.clone()),
+        };
+        match url {
+            Some(u)
+                if !(u.starts_with("postgres://")
+                    || u.starts_with("postgresql://")
+                    || u.starts_with("sqlite:")) =>
+            {
+                errors.push(ConfigError {
+                    origin: url_origin,
+                    field: "database_url".into(),
+                    message: "expected postgres://USER@HOST:PORT/DB or sqlite://PATH".into(),
+                });
+            }
+            Some(u) => cfg.store = StoreLocation::Url(u),
+            None => {
+                if let Some(d) = data_dir {
+                    cfg.store = StoreLocation::Dir(d);
+                }
+            }
+        }
+        cfg.tokens_file = flags
+            .tokens_file
+            .clone()
+            .or_else(|| env("WARDEN_TOKENS_FILE").map(PathBuf::from))
+            .or_else(|| parsed.tokens_file.clone());
 
         // The file.
         if let Some(l) = &parsed.listen {
@@ -261,6 +340,18 @@ impl ControllerConfig {
                 cfg.tick_interval_ms = t;
             }
         }
+        if cfg.tokens_file.is_none() && !cfg.listen.ip().is_loopback() {
+            errors.push(ConfigError {
+                origin: "listen".into(),
+                field: "tokens_file".into(),
+                message: format!(
+                    "the API listens on {}, beyond this host, so it needs a token file \
+                     (tokens_file, WARDEN_TOKENS_FILE or --tokens-file); make one with \
+                     `warden-controller token`",
+                    cfg.listen
+                ),
+            });
+        }
         if errors.is_empty() {
             Ok(cfg)
         } else {
@@ -325,15 +416,24 @@ mod tests {
             ("WARDEN_LISTEN", "0.0.0.0:7001"),
             ("WARDEN_TICK_INTERVAL_MS", "100"),
             ("WARDEN_MAX_BATCH_BYTES", "2048"),
+            ("WARDEN_TOKENS_FILE", "/etc/warden/tokens.yaml"),
+            ("WARDEN_DATABASE_URL", "postgres://warden@db:5432/warden"),
         ]
         .into();
         let lookup = |k: &str| env.get(k).map(|v| (*v).to_owned());
         let cfg = ControllerConfig::load(Some(&path), lookup, &Overrides::default()).expect("ok");
         assert_eq!(cfg.listen.to_string(), "0.0.0.0:7001");
         assert_eq!((cfg.tick_interval_ms, cfg.max_batch_bytes), (100, 2048));
+        assert_eq!(
+            cfg.store,
+            StoreLocation::Url("postgres://warden@db:5432/warden".into())
+        );
+        assert!(cfg.tokens_file.is_some());
 
         let flags = Overrides {
             listen: Some("127.0.0.1:7002".into()),
+            data_dir: Some("/srv/warden".into()),
+            ..Overrides::default()
         };
         let cfg = ControllerConfig::load(Some(&path), lookup, &flags).expect("ok");
         assert_eq!(cfg.listen.port(), 7002);
@@ -374,9 +474,36 @@ mod tests {
     }
 
     #[test]
+    fn a_listener_beyond_loopback_needs_tokens_and_the_store_is_placed() {
+        let flags = Overrides {
+            listen: Some("0.0.0.0:9460".into()),
+            ..Overrides::default()
+        };
+        let msg = ControllerConfig::load(None, no_env, &flags)
+            .expect_err("needs tokens")
+            .to_string();
+        assert!(
+            msg.contains("tokens_file") && msg.contains("0.0.0.0:9460"),
+            "{msg}"
+        );
+        let env = |k: &str| (k == "STATE_DIRECTORY").then(|| "/var/lib/x:/var/lib/y".to_owned());
+        let cfg = ControllerConfig::load(None, env, &Overrides::default()).expect("ok");
+        assert_eq!(cfg.store, StoreLocation::Dir("/var/lib/x".into()));
+        let bad = |k: &str| (k == "WARDEN_DATABASE_URL").then(|| "mysql://x".to_owned());
+        let msg = ControllerConfig::load(None, bad, &Overrides::default())
+            .expect_err("mysql")
+            .to_string();
+        assert!(
+            msg.contains("WARDEN_DATABASE_URL") && msg.contains("database_url"),
+            "{msg}"
+        );
+    }
+
+    #[test]
     fn bad_listen_address_names_the_field_and_its_origin() {
         let flags = Overrides {
             listen: Some("localhost".into()),
+            ..Overrides::default()
         };
         let errs = ControllerConfig::load(None, no_env, &flags).expect_err("must fail");
         let msg = errs.to_string();

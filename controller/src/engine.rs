@@ -14,7 +14,7 @@ use warden_model::{
 };
 
 use crate::detect::{DetectConfig, Detectors};
-use crate::incidents::IncidentBook;
+use crate::incidents::{IncidentBook, ManualError};
 use crate::lifecycle::{Applied, LifecycleEvent, LifecycleReport};
 use crate::state::{Cluster, GpuTrouble, JobState, NO_NODE, RankProgress};
 use crate::view::{IncidentView, JobView, RankView};
@@ -78,6 +78,8 @@ pub enum Change {
     Resolved,
     /// A log diagnosis was attached.
     Diagnosed,
+    /// A person acknowledged it.
+    Acknowledged,
 }
 
 /// A change to one incident.
@@ -218,6 +220,33 @@ impl Engine {
             }
         }
         changes
+    }
+
+    /// Take back stored incidents (see [`IncidentBook::restore`]).
+    pub fn restore_incidents(&mut self, incidents: Vec<Incident>, now: Timestamp) -> usize {
+        self.book.restore(incidents, now)
+    }
+
+    /// A person acknowledged an incident (see [`IncidentBook::acknowledge`]).
+    pub fn acknowledge(
+        &mut self,
+        id: &str,
+        actor: &str,
+        note: &str,
+        now: Timestamp,
+    ) -> Result<Option<IncidentChange>, ManualError> {
+        self.book.acknowledge(id, actor, note, now)
+    }
+
+    /// A person resolved an incident (see [`IncidentBook::resolve_by`]).
+    pub fn resolve_incident(
+        &mut self,
+        id: &str,
+        actor: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<IncidentChange, ManualError> {
+        self.book.resolve_by(id, actor, reason, now)
     }
 
     /// Attach a log diagnosis to an incident (see [`IncidentBook::attach_diagnosis`]).

@@ -52,6 +52,17 @@ struct Extra {
     fatal: bool,
 }
 
+/// Why a person's step on an incident was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ManualError {
+    /// The book does not hold it (unknown, or resolved before this controller started).
+    #[error("no live incident with that id")]
+    Unknown,
+    /// It is resolved already.
+    #[error("the incident is already resolved")]
+    Resolved,
+}
+
 /// All incidents, oldest first, with their grouping state.
 #[derive(Debug, Default)]
 pub struct IncidentBook {
@@ -152,7 +163,82 @@ impl IncidentBook {
         })
     }
 
-    /// Add `what` to the timeline of every unresolved incident of `job` (a scheduler
+    /// Take back incidents a previous run of the controller stored (those still live):
+    /// findings keep grouping into them, and they resolve like any other once their
+    /// finding stays away, counting from `now`. Incidents already held are skipped.
+    /// Returns how many were taken.
+    pub fn restore(&mut self, incidents: Vec<Incident>, now: Timestamp) -> usize {
+        let mut n = 0;
+        for inc in incidents {
+            if self.index.contains_key(&inc.id) {
+                continue;
+            }
+            let fatal = inc.kind == IncidentKind::GpuFault && inc.confidence >= 0.99;
+            self.index.insert(inc.id.clone(), self.incidents.len());
+            self.extra.push(Extra {
+                last_refresh: now,
+                root_evidence: inc.evidence.clone(),
+                attached: Vec::new(),
+                fatal,
+            });
+            self.incidents.push(inc);
+            n += 1;
+        }
+        n
+    }
+
+    /// A person acknowledged incident `id`: it stays in its state, marked as seen.
+    /// Acknowledging twice changes nothing (`Ok(None)`).
+    pub fn acknowledge(
+        &mut self,
+        id: &str,
+        actor: &str,
+        note: &str,
+        now: Timestamp,
+    ) -> Result<Option<IncidentChange>, ManualError> {
+        let &i = self.index.get(id).ok_or(ManualError::Unknown)?;
+        let inc = &mut self.incidents[i];
+        if inc.acknowledged {
+            return Ok(None);
+        }
+        inc.acknowledged = true;
+        inc.updated_at = now;
+        let what = if note.is_empty() {
+            format!("acknowledged by {actor}")
+        } else {
+            format!("acknowledged by {actor}: {note}")
+        };
+        push_timeline(inc, now, what);
+        Ok(Some(IncidentChange {
+            id: id.to_owned(),
+            change: Change::Acknowledged,
+        }))
+    }
+
+    /// A person resolved incident `id` by hand. Should its finding keep coming, it
+    /// reopens as any resolved incident does, and the timeline says so.
+    pub fn resolve_by(
+        &mut self,
+        id: &str,
+        actor: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<IncidentChange, ManualError> {
+        let &i = self.index.get(id).ok_or(ManualError::Unknown)?;
+        let inc = &mut self.incidents[i];
+        if inc.state == IncidentState::Resolved {
+            return Err(ManualError::Resolved);
+        }
+        inc.state = IncidentState::Resolved;
+        inc.resolved_at = Some(now);
+        inc.updated_at = now;
+        push_timeline(inc, now, format!("resolved by {actor}: {reason}"));
+        Ok(IncidentChange {
+            id: id.to_owned(),
+            change: Change::Resolved,
+        })
+    }
+
     /// said the job started or ended). Returns how many incidents got the note.
     pub fn note_job(&mut self, job: &str, what: &str, now: Timestamp) -> usize {
         let mut n = 0;
@@ -314,8 +400,14 @@ impl IncidentBook {
     }
 
     fn open(&mut self, f: Finding, now: Timestamp) -> IncidentChange {
-        self.counter += 1;
-        let id = format!("inc-{:013}-{:04}", now.0 / 1_000_000, self.counter);
+        let mut id;
+        loop {
+            self.counter += 1;
+            id = format!("inc-{:013}-{:04}", now.0 / 1_000_000, self.counter);
+            if !self.index.contains_key(&id) {
+                break;
+            }
+        }
         let fatal = f.kind == IncidentKind::GpuFault && f.confidence >= 0.99;
         let mut inc = Incident {
             id: id.clone(),

@@ -3,6 +3,7 @@
 //! findings; plus the HTTP API that serves them.
 
 pub mod api;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod detect;
@@ -11,7 +12,10 @@ pub mod engine;
 pub mod incidents;
 pub mod lifecycle;
 pub mod metrics;
+pub mod operate;
+pub mod persist;
 pub mod state;
+pub mod store;
 pub mod view;
 
 pub use clock::{Clock, ManualClock, SystemClock};

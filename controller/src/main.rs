@@ -10,9 +10,14 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use tokio::net::TcpListener;
 use warden_controller::api::{self, ApiState};
-use warden_controller::config::{ControllerConfig, Overrides};
+use warden_controller::auth::{self, Auth, Role};
+use warden_controller::config::{ControllerConfig, Overrides, StoreLocation};
 use warden_controller::diagnosis::{self, Diagnoser, DiagnosisQueue, HttpLogSource};
+use warden_controller::incidents::BookConfig;
 use warden_controller::metrics::Metrics;
+use warden_controller::operate::{self, Operator};
+use warden_controller::persist::Persister;
+use warden_controller::store::Store;
 use warden_controller::{Clock, Engine, EngineConfig, IncidentChange, SharedEngine, SystemClock};
 use warden_diagnosis::llm::LlmDiagnoser;
 use warden_diagnosis::rules::RuleSet;
@@ -39,9 +44,35 @@ struct Args {
     /// Address to listen on (overrides the file and WARDEN_LISTEN).
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Directory of the embedded SQLite store (overrides the file and WARDEN_DATA_DIR).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// PostgreSQL store, postgres://USER@HOST:PORT/DB (overrides the file and
+    /// WARDEN_DATABASE_URL).
+    #[arg(long, value_name = "URL")]
+    database_url: Option<String>,
+    /// API token file (overrides the file and WARDEN_TOKENS_FILE).
+    #[arg(long, value_name = "FILE")]
+    tokens_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "WARDEN_LOG_FORMAT")]
     log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Make a new API token: prints the token (give it to its holder) and the entry to
+    /// add to the token file (which keeps only its SHA-256).
+    Token {
+        /// Who holds it (shown in the audit log).
+        #[arg(long)]
+        name: String,
+        /// viewer, operator, admin or agent.
+        #[arg(long)]
+        role: Role,
+    },
 }
 
 fn init_logging(format: LogFormat) {
@@ -56,11 +87,35 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+fn make_token(name: &str, role: Role) -> ExitCode {
+    match auth::new_token() {
+        Ok(token) => {
+            println!("token (give it to {name}; it is not stored):\n  {token}\n");
+            println!("token file entry:");
+            println!(
+                "  - name: {name}\n    role: {role}\n    sha256: {}",
+                auth::hash_token(&token)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("warden-controller: cannot read random bytes: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::Token { name, role }) = &args.command {
+        return make_token(name, *role);
+    }
     init_logging(args.log_format);
     let overrides = Overrides {
         listen: args.listen.clone(),
+        data_dir: args.data_dir.clone(),
+        database_url: args.database_url.clone(),
+        tokens_file: args.tokens_file.clone(),
     };
     let config = match ControllerConfig::load(
         args.config.as_deref(),
@@ -73,6 +128,16 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    let auth = match &config.tokens_file {
+        Some(path) => match Auth::from_file(path) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("warden-controller: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        },
+        None => Auth::Open,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -83,7 +148,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config)) {
+    match runtime.block_on(run(config, auth)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "controller stopped");
@@ -93,16 +158,61 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(config: ControllerConfig) -> anyhow::Result<()> {
+async fn open_store(location: &StoreLocation) -> anyhow::Result<Store> {
+    let store = match location {
+        StoreLocation::Dir(dir) => Store::open_dir(dir).await,
+        StoreLocation::Url(url) => Store::open(url).await,
+    }
+    .context("opening the incident store")?;
+    let where_ = match location {
+        StoreLocation::Dir(dir) => dir.join("warden.db").display().to_string(),
+        StoreLocation::Url(_) => "the database URL".to_owned(),
+    };
+    tracing::info!(backend = store.backend().as_str(), at = %where_, "incident store open");
+    Ok(store)
+}
+
+async fn run(config: ControllerConfig, auth: Auth) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
     let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
+    let store = open_store(&config.store).await?;
+    let mut persister = Persister::new(store.clone());
+    let restored = persister
+        .restore(&engine, clock.now(), BookConfig::default().reopen_secs)
+        .await
+        .context("restoring incidents from the store")?;
+    if restored > 0 {
+        tracing::info!(
+            incidents = restored,
+            "live incidents taken back from the store"
+        );
+    }
+    let operator = Operator {
+        engine: engine.clone(),
+        persister: Arc::new(tokio::sync::Mutex::new(persister)),
+        store,
+    };
+    let finished = operate::recover(&operator, clock.now())
+        .await
+        .context("finishing actions a previous run left unfinished")?;
+    if finished > 0 {
+        tracing::info!(actions = finished, "unfinished actions finished");
+    }
+    if auth.is_open() {
+        tracing::warn!(
+            listen = %config.listen,
+            "no token file: the API is open to every local user (set tokens_file)"
+        );
+    }
     let queue = start_diagnosis(&config, &engine, &clock, &metrics)?;
     let state = ApiState {
         engine: engine.clone(),
         clock: clock.clone(),
         metrics,
         max_batch_bytes: config.max_batch_bytes,
+        auth: Arc::new(auth),
+        operator: operator.clone(),
     };
     let listener = TcpListener::bind(config.listen)
         .await
@@ -116,7 +226,7 @@ async fn run(config: ControllerConfig) -> anyhow::Result<()> {
         "controller listening"
     );
 
-    let ticker = tokio::spawn(tick_loop(engine, clock, config.tick_interval_ms, queue));
+    let ticker = tokio::spawn(tick_loop(operator, clock, config.tick_interval_ms, queue));
     let served = axum::serve(listener, api::router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
@@ -174,19 +284,21 @@ fn start_diagnosis(
 /// Run the detectors every `interval_ms`, log what changed and queue new incidents for
 /// diagnosis.
 async fn tick_loop(
-    engine: SharedEngine,
+    operator: Operator,
     clock: Arc<dyn Clock>,
     interval_ms: u64,
     queue: Option<DiagnosisQueue>,
 ) {
+    let engine = operator.engine.clone();
+    let mut store_failing = false;
     let mut interval = tokio::time::interval(Duration::from_millis(interval_ms));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        let engine = engine.clone();
+        let pass_engine = engine.clone();
         let now = clock.now();
         let pass = tokio::task::spawn_blocking(move || {
-            let mut e = engine.lock();
+            let mut e = pass_engine.lock();
             let changes = e.tick(now);
             log_changes(&e, &changes);
             changes
@@ -198,6 +310,21 @@ async fn tick_loop(
                 }
             }
             Err(e) => tracing::error!(error = %e, "detector pass failed"),
+        }
+        // Write what changed; a failing store is retried on every pass and reported
+        // once until it recovers.
+        let synced = operator.persister.lock().await.sync(&engine, now).await;
+        match synced {
+            Ok(_) if store_failing => {
+                store_failing = false;
+                tracing::info!("incident store writable again");
+            }
+            Ok(_) => {}
+            Err(e) if !store_failing => {
+                store_failing = true;
+                tracing::error!(error = %e, "cannot write incidents to the store; retrying");
+            }
+            Err(_) => {}
         }
     }
 }

@@ -205,3 +205,80 @@ pub struct JobView {
     #[serde(default)]
     pub restarts: u32,
 }
+
+/// A node as `GET /api/v1/nodes` lists it: every node an agent reports from, and every
+/// node Warden holds drained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// `ready` or `drained`.
+    pub state: String,
+    /// Who owns the drain (a token's name, or `warden`), when drained.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub owner: Option<String>,
+    /// Why it was drained.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reason: Option<String>,
+    /// The incident behind the drain, if any.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub incident: Option<String>,
+    /// Drained since (seconds since origin).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub drained_s: Option<f64>,
+    /// Seconds since its agent was last heard from; `None` when no agent reports.
+    pub agent_silent_s: Option<f64>,
+}
+
+impl NodeView {
+    /// The view of a drained node.
+    pub fn from_record(
+        rec: &crate::store::NodeRecord,
+        agent_silent_s: Option<f64>,
+        origin: Timestamp,
+    ) -> Self {
+        NodeView {
+            name: rec.name.clone(),
+            state: rec.state.clone(),
+            owner: Some(rec.owner.clone()),
+            reason: Some(rec.reason.clone()),
+            incident: rec.incident.clone(),
+            drained_s: Some(rel(rec.since, origin)),
+            agent_silent_s,
+        }
+    }
+
+    /// Agents heard from (node, seconds silent) and drained nodes, merged by name.
+    pub fn merge(
+        agents: &[(String, f64)],
+        drained: &[crate::store::NodeRecord],
+        origin: Timestamp,
+    ) -> Vec<NodeView> {
+        let mut out: Vec<NodeView> = drained
+            .iter()
+            .map(|d| {
+                let silent = agents.iter().find(|(n, _)| *n == d.name).map(|a| a.1);
+                NodeView::from_record(d, silent.map(round_ms), origin)
+            })
+            .collect();
+        for (name, silent) in agents {
+            if !drained.iter().any(|d| d.name == *name) {
+                out.push(NodeView {
+                    name: name.clone(),
+                    state: "ready".into(),
+                    owner: None,
+                    reason: None,
+                    incident: None,
+                    drained_s: None,
+                    agent_silent_s: Some(round_ms(*silent)),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+}
+
+fn round_ms(s: f64) -> f64 {
+    (s * 1000.0).round() / 1000.0
+}

@@ -19,19 +19,23 @@ use warden_model::{Timestamp, wire};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 
-fn app_with_limit(max_batch_bytes: usize) -> Router {
+async fn app_with_limit(max_batch_bytes: usize) -> Router {
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
     let state = ApiState {
-        engine,
+        engine: engine.clone(),
         clock: Arc::new(ManualClock::new(Timestamp(T0 + 1_000_000_000))),
         metrics: Arc::new(Metrics::new("test").expect("metrics")),
         max_batch_bytes,
+        auth: Arc::new(warden_controller::auth::Auth::Open),
+        operator: warden_controller::operate::Operator::in_memory(engine)
+            .await
+            .expect("store"),
     };
     router(state)
 }
 
-fn app() -> Router {
-    app_with_limit(warden_controller::api::DEFAULT_MAX_BATCH_BYTES)
+async fn app() -> Router {
+    app_with_limit(warden_controller::api::DEFAULT_MAX_BATCH_BYTES).await
 }
 
 fn batch() -> Batch {
@@ -136,7 +140,7 @@ fn series(text: &str, name: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn binary_batch_is_accepted_under_every_binary_content_type() {
-    let app = app();
+    let app = app().await;
     for ct in [
         wire::CONTENT_TYPE_BINARY,
         "application/octet-stream",
@@ -158,7 +162,7 @@ async fn binary_batch_is_accepted_under_every_binary_content_type() {
 
 #[tokio::test]
 async fn json_batch_is_accepted() {
-    let app = app();
+    let app = app().await;
     let (status, v) = send_json(
         &app,
         post(
@@ -173,7 +177,7 @@ async fn json_batch_is_accepted() {
 
 #[tokio::test]
 async fn truncated_batch_is_400_truncated_and_counted() {
-    let app = app();
+    let app = app().await;
     let bytes = batch().encode_binary();
     let (status, v) = send_json(
         &app,
@@ -205,7 +209,7 @@ async fn truncated_batch_is_400_truncated_and_counted() {
 
 #[tokio::test]
 async fn unknown_wire_version_is_400_naming_the_version() {
-    let app = app();
+    let app = app().await;
     let mut bytes = batch().encode_binary();
     bytes[4] = 7;
     let (status, v) = send_json(&app, post(bytes, Some(wire::CONTENT_TYPE_BINARY))).await;
@@ -225,7 +229,7 @@ async fn unknown_wire_version_is_400_naming_the_version() {
 
 #[tokio::test]
 async fn garbage_is_400_malformed() {
-    let app = app();
+    let app = app().await;
     let mut bytes = MAGIC.to_vec();
     bytes.push(wire::WIRE_VERSION);
     bytes.extend_from_slice(&4u32.to_le_bytes());
@@ -252,7 +256,7 @@ async fn garbage_is_400_malformed() {
 
 #[tokio::test]
 async fn oversized_batch_is_413_and_counted() {
-    let app = app_with_limit(1024);
+    let app = app_with_limit(1024).await;
     let (status, v) = send_json(&app, post(vec![0u8; 4096], Some(wire::CONTENT_TYPE_BINARY))).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(
@@ -279,7 +283,7 @@ async fn oversized_batch_is_413_and_counted() {
 
 #[tokio::test]
 async fn wrong_content_type_is_415() {
-    let app = app();
+    let app = app().await;
     for ct in [Some("text/plain"), None] {
         let (status, v) = send_json(&app, post(batch().encode_binary(), ct)).await;
         assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct:?}");
@@ -290,7 +294,7 @@ async fn wrong_content_type_is_415() {
 
 #[tokio::test]
 async fn incidents_list_is_an_array_and_filters_are_checked() {
-    let app = app();
+    let app = app().await;
     let (status, v) = send_json(&app, get("/api/v1/incidents")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(v, Value::Array(vec![]));
@@ -322,7 +326,7 @@ async fn incidents_list_is_an_array_and_filters_are_checked() {
 
 #[tokio::test]
 async fn unknown_incident_job_and_route_are_404_json() {
-    let app = app();
+    let app = app().await;
     let (status, v) = send_json(&app, get("/api/v1/incidents/inc-does-not-exist")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(
@@ -350,7 +354,7 @@ async fn unknown_incident_job_and_route_are_404_json() {
 
 #[tokio::test]
 async fn jobs_list_is_an_array() {
-    let app = app();
+    let app = app().await;
     let (status, v) = send_json(&app, get("/api/v1/jobs")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(v.is_array(), "{v}");
@@ -358,7 +362,7 @@ async fn jobs_list_is_an_array() {
 
 #[tokio::test]
 async fn probes_answer() {
-    let app = app();
+    let app = app().await;
     let (status, body) = send(&app, get("/healthz")).await;
     assert_eq!((status, body.as_slice()), (StatusCode::OK, &b"ok"[..]));
     let (status, _) = send(&app, get("/readyz")).await;
@@ -383,7 +387,7 @@ async fn probes_answer() {
 
 #[tokio::test]
 async fn metrics_export_job_and_rank_progress_labelled_job_name() {
-    let app = app();
+    let app = app().await;
     let (status, v) = send_json(
         &app,
         post(batch().encode_binary(), Some(wire::CONTENT_TYPE_BINARY)),
@@ -439,7 +443,7 @@ async fn job_view(app: &Router, job: &str) -> Value {
 
 #[tokio::test]
 async fn lifecycle_start_and_end_show_in_the_jobs_list_and_repeats_change_nothing() {
-    let app = app();
+    let app = app().await;
     let json = Some("application/json");
     let (status, v) = send_json(&app, lifecycle("4242", START, json)).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{v}");
@@ -496,7 +500,7 @@ async fn lifecycle_start_and_end_show_in_the_jobs_list_and_repeats_change_nothin
 
 #[tokio::test]
 async fn lifecycle_refusals_are_400_or_415_and_name_the_problem() {
-    let app = app();
+    let app = app().await;
     let json = Some("application/json");
     let cases = [
         ("4242", START.replace("\"start\"", "\"pause\""), "`event`"),

@@ -974,13 +974,21 @@ async fn probes_hit_routes_the_binaries_serve() {
             collectors_down: Arc::new(std::sync::Mutex::new(Vec::new())),
         })
     };
+    let engine = warden_controller::SharedEngine::new(warden_controller::Engine::new(
+        warden_controller::EngineConfig::default(),
+        Default::default(),
+    ));
+    let operator = warden_controller::operate::Operator::in_memory(engine.clone())
+        .await
+        .expect("in-memory store");
     let controller = || {
-        use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
         warden_controller::api::router(warden_controller::api::ApiState {
-            engine: SharedEngine::new(Engine::new(EngineConfig::default(), Default::default())),
-            clock: Arc::new(ManualClock::new(Default::default())),
+            engine: engine.clone(),
+            clock: Arc::new(warden_controller::ManualClock::new(Default::default())),
             metrics: Arc::new(warden_controller::metrics::Metrics::new("test").expect("metrics")),
             max_batch_bytes: 1024,
+            auth: Arc::new(warden_controller::auth::Auth::Open),
+            operator: operator.clone(),
         })
     };
     for (what, objs) in both() {

@@ -2,6 +2,7 @@
 //! free port, a plain HTTP GET, and a real Slurm cluster ([`slurm`]).
 #![allow(dead_code)]
 
+pub mod pg;
 pub mod slurm;
 
 use std::io::{Read, Write};
@@ -33,25 +34,31 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body.to_owned()))
 }
 
-/// The `warden-controller` binary listening on a free loopback port; killed on drop.
+/// The `warden-controller` binary listening on a free loopback port, with its store in
+/// a temp dir of its own; killed on drop.
 pub struct Controller {
     child: Child,
     /// Its port.
     pub port: u16,
+    /// Its data dir.
+    pub data: tempfile::TempDir,
 }
 
 impl Controller {
     /// Start it and wait until `/healthz` answers.
     pub fn start() -> Controller {
         let port = free_port();
+        let data = tempfile::tempdir().expect("temp dir");
         let child = Command::new(env!("CARGO_BIN_EXE_warden-controller"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(data.path())
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
             .expect("warden-controller starts");
-        let mut c = Controller { child, port };
+        let mut c = Controller { child, port, data };
         let deadline = Instant::now() + Duration::from_secs(20);
         while http_get(port, "/healthz").is_none_or(|(s, _)| s != 200) {
             if let Ok(Some(status)) = c.child.try_wait() {
