@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -303,6 +304,8 @@ pub struct AlertQueue {
     alertmanager: Option<mpsc::Sender<Event>>,
     webhook: Option<mpsc::Sender<Event>>,
     metrics: Option<Arc<Metrics>>,
+    /// Changes dropped so far (the log says so at 1, 2, 4, 8, ... drops).
+    dropped: Arc<AtomicU64>,
 }
 
 impl AlertQueue {
@@ -321,7 +324,10 @@ impl AlertQueue {
             let Some(tx) = tx else { continue };
             if tx.try_send(event.clone()).is_err() {
                 count(self.metrics.as_deref(), sink, "dropped", 1);
-                tracing::warn!(sink, incident = %event.incident.id, "alert queue full; change dropped");
+                let n = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                if n.is_power_of_two() {
+                    tracing::warn!(sink, incident = %event.incident.id, dropped = n, "alert queue full; change dropped");
+                }
             }
         }
     }
@@ -367,6 +373,7 @@ pub fn start_with_clock(
         alertmanager: None,
         webhook: None,
         metrics: metrics.clone(),
+        dropped: Arc::default(),
     };
     if let Some(am) = config.alertmanager {
         let url = format!("{}/api/v2/alerts", am.url.expose().trim_end_matches('/'));
@@ -483,18 +490,13 @@ async fn deliver(
 ) -> Delivery {
     let seed = SystemClock.now().0 as u64 ^ u64::from(std::process::id());
     let mut rng = SmallRng::seed_from_u64(seed);
+    let mut last = String::new();
     for attempt in 0..MAX_ATTEMPTS {
         let mut retry_after = None;
         match tokio::time::timeout(timeout, transport.post(body.clone())).await {
             Ok(Ok(r)) if (200..300).contains(&r.status) => return Delivery::Delivered,
             Ok(Ok(r)) if r.status == 429 || r.status >= 500 => {
-                tracing::debug!(
-                    sink,
-                    target_url = origin,
-                    status = r.status,
-                    attempt,
-                    "alert delivery failed; will retry"
-                );
+                last = format!("answered {}", r.status);
                 retry_after = r.retry_after_secs;
             }
             Ok(Ok(r)) => {
@@ -503,19 +505,10 @@ async fn deliver(
                 tracing::warn!(sink, target_url = origin, status = r.status, body = %excerpt, "alert refused; not retried");
                 return Delivery::Refused(r.status);
             }
-            Ok(Err(e)) => {
-                tracing::debug!(sink, target_url = origin, error = %e, attempt, "alert delivery failed; will retry");
-            }
-            Err(_) => {
-                tracing::debug!(
-                    sink,
-                    target_url = origin,
-                    timeout_ms = timeout.as_millis() as u64,
-                    attempt,
-                    "alert delivery timed out; will retry"
-                );
-            }
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => last = format!("no answer within {} ms", timeout.as_millis()),
         }
+        tracing::debug!(sink, target_url = origin, attempt, error = %last, "alert delivery failed");
         if attempt + 1 < MAX_ATTEMPTS {
             tokio::time::sleep(backoff(attempt, rng.random::<f64>(), retry_after)).await;
         }
@@ -524,6 +517,7 @@ async fn deliver(
         sink,
         target_url = origin,
         attempts = MAX_ATTEMPTS,
+        error = %last,
         "alert not delivered; given up"
     );
     Delivery::GaveUp
@@ -1564,6 +1558,47 @@ mod tests {
             serde_yaml_ng::from_str::<AlertsConfig>("webhook:\n  url: http://x\n  rate: 1\n")
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_without_waiting() {
+        let metrics = Arc::new(Metrics::new("test").expect("metrics"));
+        let (tx, _rx) = mpsc::channel(2);
+        let q = AlertQueue {
+            alertmanager: None,
+            webhook: Some(tx),
+            metrics: Some(metrics.clone()),
+            dropped: Arc::default(),
+        };
+        let inc = Incident {
+            id: "inc-1".into(),
+            kind: IncidentKind::Crash,
+            job: None,
+            state: IncidentState::Open,
+            acknowledged: false,
+            severity: Severity::Critical,
+            ranks: vec![3],
+            nodes: vec![],
+            gpus: vec![],
+            onset: Timestamp(0),
+            detected_at: Timestamp(0),
+            updated_at: Timestamp(0),
+            resolved_at: None,
+            confidence: 1.0,
+            summary: "rank 3 exited with signal 9".into(),
+            evidence: vec![],
+            finding_count: 1,
+            timeline: vec![],
+            diagnosis: None,
+        };
+        for _ in 0..5 {
+            q.submit(&inc, Change::Updated);
+        }
+        let dropped = metrics
+            .alerts_sent
+            .with_label_values(&["webhook", "dropped"])
+            .get();
+        assert_eq!(dropped, 3);
     }
 
     #[tokio::test]

@@ -10,8 +10,8 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -27,6 +27,38 @@ use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity};
 
 /// Longest wait for one notification (Alertmanager groups for a second, then sends).
 const WAIT: Duration = Duration::from_secs(30);
+
+/// Everything the controller's code logs in this test binary, from debug level up.
+fn captured_log() -> Arc<Mutex<Vec<u8>>> {
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || LogWriter(writer.clone()))
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        buf
+    })
+    .clone()
+}
+
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 fn in_ci() -> bool {
     std::env::var("CI").as_deref() == Ok("true")
@@ -127,8 +159,8 @@ impl Drop for Alertmanager {
     }
 }
 
-/// A receiver: answers 503 to the first `fail_first` POSTs, then 200, and forwards the
-/// JSON bodies it accepted.
+/// A receiver: answers `fail_status` to the first `fail_first` POSTs, then 200, and
+/// forwards the JSON bodies it accepted.
 struct Receiver {
     port: u16,
     hits: Arc<AtomicUsize>,
@@ -139,12 +171,13 @@ struct Receiver {
 struct ReceiverState {
     hits: Arc<AtomicUsize>,
     fail_first: usize,
+    fail_status: StatusCode,
     tx: mpsc::UnboundedSender<Value>,
 }
 
 async fn receive(State(s): State<ReceiverState>, body: axum::body::Bytes) -> StatusCode {
     if s.hits.fetch_add(1, Ordering::SeqCst) < s.fail_first {
-        return StatusCode::SERVICE_UNAVAILABLE;
+        return s.fail_status;
     }
     match serde_json::from_slice::<Value>(&body) {
         Ok(v) => {
@@ -156,8 +189,14 @@ async fn receive(State(s): State<ReceiverState>, body: axum::body::Bytes) -> Sta
 }
 
 impl Receiver {
-    /// Listen on a free loopback port at `path`.
+    /// Listen on a free loopback port at `path`; the first `fail_first` POSTs get 503.
     async fn start(path: &str, fail_first: usize) -> Receiver {
+        Self::failing(path, fail_first, StatusCode::SERVICE_UNAVAILABLE).await
+    }
+
+    /// Listen on a free loopback port at `path`; the first `fail_first` POSTs get
+    /// `fail_status`.
+    async fn failing(path: &str, fail_first: usize, fail_status: StatusCode) -> Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -167,6 +206,7 @@ impl Receiver {
         let state = ReceiverState {
             hits: hits.clone(),
             fail_first,
+            fail_status,
             tx,
         };
         let app = Router::new().route(path, post(receive)).with_state(state);
@@ -310,6 +350,7 @@ async fn alertmanager_notifies_the_firing_incident_then_its_resolution() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_retries_server_errors_and_rate_limits_a_storm() {
     const PATH: &str = "/services/T000/B000/SECRET";
+    let log = captured_log();
     let metrics = Arc::new(Metrics::new("test").expect("metrics"));
     let webhook = |url: String, max_per_minute| AlertsConfig {
         alertmanager: None,
@@ -346,6 +387,24 @@ async fn the_webhook_retries_server_errors_and_rate_limits_a_storm() {
     wait_sent(&metrics, "webhook", "ok", 1).await;
     assert_eq!(sent(&metrics, "webhook", "error"), 0);
     drop(queue);
+
+    // A 4xx other than 429 is not retried: one attempt, counted as an error.
+    let refusing = Receiver::failing(PATH, 1, StatusCode::NOT_FOUND).await;
+    let queue = alerts::start(webhook(refusing.url(PATH), 20), Some(metrics.clone()))
+        .expect("client builds")
+        .expect("a sink is configured");
+    queue.submit(&incident("inc-wh-2"), Change::Opened);
+    wait_sent(&metrics, "webhook", "error", 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(refusing.hits.load(Ordering::SeqCst), 1, "not retried");
+    drop(queue);
+    let text = String::from_utf8_lossy(&log.lock().expect("log")).into_owned();
+    let origin = format!("http://127.0.0.1:{}", refusing.port);
+    assert!(
+        text.contains("alert refused") && text.contains(&origin) && text.contains("404"),
+        "the refusal is logged with its origin and status:\n{text}"
+    );
+    assert!(!text.contains("SECRET"), "a URL was logged whole:\n{text}");
 
     // A storm of 100 incidents at 30 per minute: a burst of 30, the rest suppressed,
     // and a later message (a token frees every 2 s) says how many.
