@@ -2,6 +2,7 @@
 //! stragglers, slow links, NaNs, crashes and GPU faults, and incidents built from their
 //! findings; plus the HTTP API that serves them.
 
+pub mod alerts;
 pub mod api;
 pub mod auth;
 pub mod clock;

@@ -87,6 +87,9 @@ pub struct Metrics {
     pub diagnosis_dropped: IntCounter,
     /// LLM refinements by outcome (`refined`, `cached`, or the fallback reason).
     pub llm_outcomes: IntCounterVec,
+    /// Incident alerts by sink (`alertmanager`, `webhook`) and result (`ok`, `error`,
+    /// `dropped`, `suppressed`); see `crate::alerts`.
+    pub alerts_sent: IntCounterVec,
 }
 
 /// Per-job and per-rank gauges, rebuilt from the engine's jobs on each scrape (a job the
@@ -452,6 +455,17 @@ impl Metrics {
                 "LLM refinements of a diagnosis, by outcome.",
                 "outcome",
             )?,
+            alerts_sent: {
+                let c = IntCounterVec::new(
+                    Opts::new(
+                        "warden_alerts_sent_total",
+                        "Incident alerts by sink and result.",
+                    ),
+                    &["sink", "result"],
+                )?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
             jobs: JobMetrics::new(&r)?,
             registry: r,
             seen: Mutex::new(Seen::default()),
@@ -460,6 +474,11 @@ impl Metrics {
         for scheduler in crate::lifecycle::METRIC_SCHEDULERS {
             for event in ["start", "end"] {
                 m.lifecycle.with_label_values(&[event, scheduler]);
+            }
+        }
+        for sink in ["alertmanager", "webhook"] {
+            for result in ["ok", "error", "dropped", "suppressed"] {
+                m.alerts_sent.with_label_values(&[sink, result]);
             }
         }
         for kind in IncidentKind::ALL {

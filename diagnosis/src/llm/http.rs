@@ -1,6 +1,8 @@
 //! The one door to the network: POST a JSON body to the chat-completions URL and read
 //! the answer, bounded in size. [`ChatTransport`] is the narrow seam; [`HyperTransport`]
-//! (hyper 1, rustls with the ring provider and the Mozilla roots) is the real one.
+//! (hyper 1, rustls with the ring provider and the Mozilla roots) is the real one. The
+//! controller's incident alerts post through the same client
+//! ([`HyperTransport::for_url`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -55,14 +57,27 @@ pub struct HyperTransport {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     uri: Uri,
     auth: Option<ApiKey>,
+    user_agent: &'static str,
 }
 
 impl std::fmt::Debug for HyperTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Paths and queries may hold tokens (webhook URLs do): the origin only.
         f.debug_struct("HyperTransport")
-            .field("uri", &self.uri)
+            .field("origin", &origin(&self.uri))
             .field("auth", &self.auth)
             .finish_non_exhaustive()
+    }
+}
+
+/// `scheme://host[:port]` of `uri`, without user info, path or query: what may be
+/// logged of a URL that can carry credentials.
+pub fn origin(uri: &Uri) -> String {
+    let scheme = uri.scheme_str().unwrap_or("http");
+    match (uri.host(), uri.port_u16()) {
+        (Some(host), Some(port)) => format!("{scheme}://{host}:{port}"),
+        (Some(host), None) => format!("{scheme}://{host}"),
+        (None, _) => format!("{scheme}://?"),
     }
 }
 
@@ -83,7 +98,16 @@ impl HyperTransport {
         key: Option<ApiKey>,
         connect_timeout: Duration,
     ) -> Result<Self, TransportError> {
-        let uri = completions_url(base_url)
+        Self::for_url(&completions_url(base_url), key, connect_timeout)
+    }
+
+    /// A client that posts to `url` exactly as given (`http://` or `https://`).
+    pub fn for_url(
+        url: &str,
+        key: Option<ApiKey>,
+        connect_timeout: Duration,
+    ) -> Result<Self, TransportError> {
+        let uri = url
             .parse::<Uri>()
             .map_err(|e| TransportError::Connection(format!("bad URL: {e}")))?;
         let mut http = HttpConnector::new();
@@ -103,7 +127,14 @@ impl HyperTransport {
             client,
             uri,
             auth: key,
+            user_agent: "warden-diagnosis",
         })
+    }
+
+    /// Send `user_agent` as the `User-Agent` header (default `warden-diagnosis`).
+    pub fn with_user_agent(mut self, user_agent: &'static str) -> Self {
+        self.user_agent = user_agent;
+        self
     }
 }
 
@@ -115,7 +146,7 @@ impl ChatTransport for HyperTransport {
                 .uri(self.uri.clone())
                 .header(hyper::header::CONTENT_TYPE, "application/json")
                 .header(hyper::header::ACCEPT, "application/json")
-                .header(hyper::header::USER_AGENT, "warden-diagnosis");
+                .header(hyper::header::USER_AGENT, self.user_agent);
             if let Some(key) = &self.auth {
                 let mut value =
                     hyper::header::HeaderValue::from_str(&format!("Bearer {}", key.expose()))
@@ -174,6 +205,26 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn origin_keeps_credentials_paths_and_queries_out() {
+        let uri: Uri = "https://user:secret@hooks.example.com/services/T0/B1/XYZ?token=abc"
+            .parse()
+            .expect("valid URL");
+        assert_eq!(origin(&uri), "https://hooks.example.com");
+        let uri: Uri = "http://127.0.0.1:9093/api/v2/alerts"
+            .parse()
+            .expect("valid");
+        assert_eq!(origin(&uri), "http://127.0.0.1:9093");
+        let t = HyperTransport::for_url(
+            "https://hooks.example.com/services/T0/B1/XYZ",
+            None,
+            Duration::from_secs(1),
+        )
+        .expect("client");
+        let debug = format!("{t:?}");
+        assert!(!debug.contains("XYZ"), "{debug}");
+    }
 
     #[test]
     fn completions_url_appends_the_path_once() {
