@@ -83,6 +83,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         engine: engine.clone(),
         persister: Arc::new(tokio::sync::Mutex::new(Persister::new(store.clone()))),
         store,
+        alerts: None,
     };
 
     let mut server = None;

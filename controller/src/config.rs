@@ -43,6 +43,8 @@ pub struct ConfigFile {
     /// Token file of the API (`docs/API.md`, "Authentication"); required unless the API
     /// listens on a loopback address only.
     pub tokens_file: Option<PathBuf>,
+    /// Incident alerts to Alertmanager and a webhook (`docs/ALERTS.md`).
+    pub alerts: Option<crate::alerts::AlertsConfig>,
 }
 
 /// The settings a flag can override (`None`: not given).
@@ -91,6 +93,8 @@ pub struct ControllerConfig {
     pub store: StoreLocation,
     /// The API's token file; `None`: the API is open (loopback listeners only).
     pub tokens_file: Option<PathBuf>,
+    /// Incident alerts.
+    pub alerts: crate::alerts::AlertsConfig,
 }
 
 impl Default for ControllerConfig {
@@ -102,6 +106,7 @@ impl Default for ControllerConfig {
             diagnosis: DiagnosisConfig::default(),
             store: StoreLocation::Dir(PathBuf::from("/var/lib/warden")),
             tokens_file: None,
+            alerts: crate::alerts::AlertsConfig::default(),
         }
     }
 }
@@ -163,6 +168,7 @@ impl ConfigFile {
                     out.data_dir = one.data_dir.or(out.data_dir);
                     out.database_url = one.database_url.or(out.database_url);
                     out.tokens_file = one.tokens_file.or(out.tokens_file);
+                    out.alerts = one.alerts.or(out.alerts);
                 }
                 Err(e) => errors.push(err(name, e.into_inner().to_string())),
             }
@@ -291,6 +297,11 @@ impl ControllerConfig {
                 });
             }
             cfg.diagnosis = d.clone();
+        }
+
+        if let Some(a) = &parsed.alerts {
+            errors.extend(a.validate(&file_origin, "alerts"));
+            cfg.alerts = a.clone();
         }
 
         // The environment.

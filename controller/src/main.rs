@@ -188,10 +188,13 @@ async fn run(config: ControllerConfig, auth: Auth) -> anyhow::Result<()> {
             "live incidents taken back from the store"
         );
     }
+    let alerts = warden_controller::alerts::start(config.alerts.clone(), Some(metrics.clone()))
+        .context("starting incident alerts")?;
     let operator = Operator {
         engine: engine.clone(),
         persister: Arc::new(tokio::sync::Mutex::new(persister)),
         store,
+        alerts,
     };
     let finished = operate::recover(&operator, clock.now())
         .await
@@ -296,11 +299,15 @@ async fn tick_loop(
     loop {
         interval.tick().await;
         let pass_engine = engine.clone();
+        let pass_alerts = operator.alerts.clone();
         let now = clock.now();
         let pass = tokio::task::spawn_blocking(move || {
             let mut e = pass_engine.lock();
             let changes = e.tick(now);
             log_changes(&e, &changes);
+            if let Some(a) = &pass_alerts {
+                a.submit_changes(&e, &changes);
+            }
             changes
         });
         match pass.await {

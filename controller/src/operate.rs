@@ -127,6 +127,8 @@ pub struct Operator {
     pub persister: Arc<Mutex<Persister>>,
     /// The store.
     pub store: Store,
+    /// Where alerts about changes people make go, if anywhere.
+    pub alerts: Option<crate::alerts::AlertQueue>,
 }
 
 impl Operator {
@@ -137,6 +139,7 @@ impl Operator {
             engine,
             persister: Arc::new(Mutex::new(Persister::new(store.clone()))),
             store,
+            alerts: None,
         })
     }
 
@@ -185,7 +188,7 @@ impl Operator {
             .intend(ActionKind::Acknowledge, id, Some(id), actor, note, now)
             .await?;
         failpoint("ack-intended").await;
-        let change = self.apply(&a, now).await?;
+        let change = self.apply(&a, now, false).await?;
         Ok(change)
     }
 
@@ -203,7 +206,7 @@ impl Operator {
             .intend(ActionKind::Resolve, id, Some(id), actor, reason, now)
             .await?;
         failpoint("resolve-intended").await;
-        self.apply(&a, now).await
+        self.apply(&a, now, false).await
     }
 
     fn live(&self, id: &str) -> Result<(), OperateError> {
@@ -240,7 +243,7 @@ impl Operator {
             .intend(ActionKind::Drain, name, incident, actor, reason, now)
             .await?;
         failpoint("drain-intended").await;
-        self.apply(&a, now).await?;
+        self.apply(&a, now, false).await?;
         self.store
             .node(name)
             .await?
@@ -263,16 +266,18 @@ impl Operator {
         let a = self
             .intend(ActionKind::Undrain, name, None, actor, reason, now)
             .await?;
-        self.apply(&a, now).await?;
+        self.apply(&a, now, false).await?;
         Ok(())
     }
 
     /// Carry out action `a` (intended, maybe partly done by a run that died) and
-    /// record it as finished. Every step tolerates having been done already.
+    /// record it as finished. Every step tolerates having been done already. Failpoints
+    /// only stop requests, never the recovery of a restart.
     async fn apply(
         &self,
         a: &ActionRecord,
         now: Timestamp,
+        recovering: bool,
     ) -> Result<Option<IncidentChange>, OperateError> {
         let mut change = None;
         let result = match a.kind {
@@ -323,7 +328,9 @@ impl Operator {
                                 action: Some(a.id.clone()),
                             })
                             .await?;
-                        failpoint("drain-applied").await;
+                        if !recovering {
+                            failpoint("drain-applied").await;
+                        }
                         "drained".to_owned()
                     }
                 }
@@ -337,6 +344,12 @@ impl Operator {
             }
         };
         self.persist(now).await?;
+        if let (Some(q), Some(c)) = (&self.alerts, &change) {
+            let e = self.engine.lock();
+            if let Some(inc) = e.incident(&c.id) {
+                q.submit(inc, c.change);
+            }
+        }
         self.store
             .finish(&a.id, ActionStatus::Done, &result, now)
             .await?;
@@ -357,7 +370,7 @@ pub async fn recover(op: &Operator, now: Timestamp) -> Result<usize, OperateErro
             actor = %a.actor,
             "finishing an action a previous run left unfinished"
         );
-        op.apply(&a, now).await?;
+        op.apply(&a, now, true).await?;
     }
     Ok(n)
 }
