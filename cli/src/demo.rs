@@ -84,6 +84,8 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         persister: Arc::new(tokio::sync::Mutex::new(Persister::new(store.clone()))),
         store,
         alerts: None,
+        leadership: warden_controller::leader::Leadership::solo(),
+        metrics: None,
     };
 
     let mut server = None;

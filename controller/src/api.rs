@@ -127,6 +127,11 @@ async fn guard(s: &ApiState, need: Need, mut req: Request, next: Next) -> Respon
         .and_then(|v| v.to_str().ok());
     match s.auth.check(header, need) {
         Ok(p) => {
+            let leadership = &s.operator.leadership;
+            if matches!(need, Need::Report | Need::Operate) && !leadership.is_leader() {
+                // A follower does not act: the leader does.
+                return crate::forward::relay(req, leadership.leader_url(), leadership.id()).await;
+            }
             req.extensions_mut().insert(p);
             next.run(req).await
         }
@@ -633,8 +638,18 @@ async fn whoami(Extension(who): Extension<Principal>) -> Json<WhoAmI> {
     })
 }
 
-async fn list_jobs(State(s): State<ApiState>) -> Json<Vec<JobView>> {
-    Json(s.engine.lock().job_views())
+/// Jobs: live from the engine on the leader; as last stored on a follower.
+async fn list_jobs(State(s): State<ApiState>) -> Result<Json<Vec<JobView>>, ApiError> {
+    if s.operator.leadership.is_leader() {
+        return Ok(Json(s.engine.lock().job_views()));
+    }
+    let stored = s.operator.store.jobs().await.map_err(|e| store_error(&e))?;
+    Ok(Json(
+        stored
+            .iter()
+            .filter_map(|j| serde_json::from_str(&j.doc).ok())
+            .collect(),
+    ))
 }
 
 async fn job_ranks(
@@ -642,6 +657,16 @@ async fn job_ranks(
     job: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Vec<RankView>>, ApiError> {
     let Path(job) = job.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
+    let lead = &s.operator.leadership;
+    if !lead.is_leader() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "live rank progress is held by the leading controller ({}); ask it",
+                lead.leader_url().unwrap_or_else(|| "none known yet".into())
+            ),
+        ));
+    }
     let now = s.clock.now();
     let ranks = s.engine.lock().rank_views(&job, now);
     ranks
@@ -746,6 +771,9 @@ async fn readyz(State(s): State<ApiState>) -> Result<&'static str, ApiError> {
 async fn render_metrics(State(s): State<ApiState>) -> Result<Response, ApiError> {
     let now = s.clock.now();
     s.metrics.update(&s.engine.lock(), now);
+    s.metrics
+        .leader
+        .set(i64::from(s.operator.leadership.is_leader()));
     let text = s
         .metrics
         .render()

@@ -45,6 +45,9 @@ pub struct ConfigFile {
     pub tokens_file: Option<PathBuf>,
     /// Incident alerts to Alertmanager and a webhook (`docs/ALERTS.md`).
     pub alerts: Option<crate::alerts::AlertsConfig>,
+    /// The base URL other controllers reach this one at (`http://HOST:PORT`), for
+    /// several controllers on one PostgreSQL; default: `http://` and the listen address.
+    pub advertise_url: Option<String>,
 }
 
 /// The settings a flag can override (`None`: not given).
@@ -95,6 +98,8 @@ pub struct ControllerConfig {
     pub tokens_file: Option<PathBuf>,
     /// Incident alerts.
     pub alerts: crate::alerts::AlertsConfig,
+    /// The base URL other controllers reach this one at; `None`: from the listen address.
+    pub advertise_url: Option<String>,
 }
 
 impl Default for ControllerConfig {
@@ -107,6 +112,7 @@ impl Default for ControllerConfig {
             store: StoreLocation::Dir(PathBuf::from("/var/lib/warden")),
             tokens_file: None,
             alerts: crate::alerts::AlertsConfig::default(),
+            advertise_url: None,
         }
     }
 }
@@ -169,6 +175,7 @@ impl ConfigFile {
                     out.database_url = one.database_url.or(out.database_url);
                     out.tokens_file = one.tokens_file.or(out.tokens_file);
                     out.alerts = one.alerts.or(out.alerts);
+                    out.advertise_url = one.advertise_url.or(out.advertise_url);
                 }
                 Err(e) => errors.push(err(name, e.into_inner().to_string())),
             }
@@ -269,6 +276,16 @@ impl ControllerConfig {
                 if let Some(d) = data_dir {
                     cfg.store = StoreLocation::Dir(d);
                 }
+            }
+        }
+        cfg.advertise_url = env("WARDEN_ADVERTISE_URL").or_else(|| parsed.advertise_url.clone());
+        if let Some(u) = &cfg.advertise_url {
+            if !u.starts_with("http://") || u.len() <= "http://".len() {
+                errors.push(ConfigError {
+                    origin: file_origin.clone(),
+                    field: "advertise_url".into(),
+                    message: format!("{u:?} is not an http:// base URL"),
+                });
             }
         }
         cfg.tokens_file = flags

@@ -14,6 +14,7 @@ use warden_controller::auth::{self, Auth, Role};
 use warden_controller::config::{ControllerConfig, Overrides, StoreLocation};
 use warden_controller::diagnosis::{self, Diagnoser, DiagnosisQueue, HttpLogSource};
 use warden_controller::incidents::BookConfig;
+use warden_controller::leader::Leadership;
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::{self, Operator};
 use warden_controller::persist::Persister;
@@ -172,14 +173,133 @@ async fn open_store(location: &StoreLocation) -> anyhow::Result<Store> {
     Ok(store)
 }
 
+/// A name for this controller among others sharing its database.
+fn controller_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let salt = auth::new_token()
+        .map(|t| t.chars().skip(4).take(6).collect::<String>())
+        .unwrap_or_default();
+    format!(
+        "{}-{}-{salt}",
+        if host.is_empty() { "controller" } else { &host },
+        std::process::id()
+    )
+}
+
 async fn run(config: ControllerConfig, auth: Auth) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
     let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
     let store = open_store(&config.store).await?;
-    let mut persister = Persister::new(store.clone());
-    let restored = persister
-        .restore(&engine, clock.now(), BookConfig::default().reopen_secs)
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let local = listener.local_addr().context("reading the bound address")?;
+    let advertise = config
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{local}"));
+    let leadership = Leadership::new(controller_id(), advertise);
+    let alerts = warden_controller::alerts::start(config.alerts.clone(), Some(metrics.clone()))
+        .context("starting incident alerts")?;
+    let operator = Operator {
+        engine: engine.clone(),
+        persister: Arc::new(tokio::sync::Mutex::new(Persister::new(store.clone()))),
+        store: store.clone(),
+        alerts,
+        leadership: leadership.clone(),
+        metrics: Some(metrics.clone()),
+    };
+    if auth.is_open() {
+        tracing::warn!(
+            listen = %config.listen,
+            "no token file: the API is open to every local user (set tokens_file)"
+        );
+    }
+    let state = ApiState {
+        engine: engine.clone(),
+        clock: clock.clone(),
+        metrics: metrics.clone(),
+        max_batch_bytes: config.max_batch_bytes,
+        auth: Arc::new(auth),
+        operator: operator.clone(),
+    };
+    tracing::info!(
+        listen = %local,
+        id = %leadership.id(),
+        max_batch_bytes = config.max_batch_bytes,
+        tick_interval_ms = config.tick_interval_ms,
+        version = env!("CARGO_PKG_VERSION"),
+        "controller listening"
+    );
+    let mut server = tokio::spawn(async move {
+        axum::serve(listener, api::router(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+    });
+
+    // Follow until the lease is ours; then take the incidents back, finish what the
+    // previous leader left unfinished, and start detecting.
+    let (became_tx, became_rx) = tokio::sync::oneshot::channel();
+    let (lost_tx, mut lost_rx) = tokio::sync::oneshot::channel();
+    let lease = tokio::spawn(
+        leadership
+            .clone()
+            .run(store, clock.clone(), became_tx, lost_tx),
+    );
+    let mut ticker = None;
+    tokio::select! {
+        served = &mut server => {
+            lease.abort();
+            return finish(served);
+        }
+        became = became_rx => {
+            if became.is_ok() {
+                ticker = Some(lead(&config, &operator, &clock, &metrics).await?);
+            }
+        }
+    }
+    let outcome = tokio::select! {
+        served = &mut server => finish(served),
+        lost = &mut lost_rx => match lost {
+            Ok(why) => Err(anyhow::anyhow!("stopped leading: {why}")),
+            Err(_) => finish(server.await),
+        },
+    };
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    lease.abort();
+    tracing::info!("controller stopped");
+    outcome
+}
+
+fn finish(served: Result<std::io::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
+    match served {
+        Ok(r) => r.context("serving HTTP"),
+        Err(e) => Err(anyhow::anyhow!("the HTTP server task failed: {e}")),
+    }
+}
+
+/// Become the acting controller: restore live incidents, finish unfinished actions,
+/// start diagnosis and the detector timer.
+async fn lead(
+    config: &ControllerConfig,
+    operator: &Operator,
+    clock: &Arc<dyn Clock>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let restored = operator
+        .persister
+        .lock()
+        .await
+        .restore(
+            &operator.engine,
+            clock.now(),
+            BookConfig::default().reopen_secs,
+        )
         .await
         .context("restoring incidents from the store")?;
     if restored > 0 {
@@ -188,55 +308,19 @@ async fn run(config: ControllerConfig, auth: Auth) -> anyhow::Result<()> {
             "live incidents taken back from the store"
         );
     }
-    let alerts = warden_controller::alerts::start(config.alerts.clone(), Some(metrics.clone()))
-        .context("starting incident alerts")?;
-    let operator = Operator {
-        engine: engine.clone(),
-        persister: Arc::new(tokio::sync::Mutex::new(persister)),
-        store,
-        alerts,
-    };
-    let finished = operate::recover(&operator, clock.now())
+    let finished = operate::recover(operator, clock.now())
         .await
         .context("finishing actions a previous run left unfinished")?;
     if finished > 0 {
         tracing::info!(actions = finished, "unfinished actions finished");
     }
-    if auth.is_open() {
-        tracing::warn!(
-            listen = %config.listen,
-            "no token file: the API is open to every local user (set tokens_file)"
-        );
-    }
-    let queue = start_diagnosis(&config, &engine, &clock, &metrics)?;
-    let state = ApiState {
-        engine: engine.clone(),
-        clock: clock.clone(),
-        metrics,
-        max_batch_bytes: config.max_batch_bytes,
-        auth: Arc::new(auth),
-        operator: operator.clone(),
-    };
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", config.listen))?;
-    let local = listener.local_addr().context("reading the bound address")?;
-    tracing::info!(
-        listen = %local,
-        max_batch_bytes = config.max_batch_bytes,
-        tick_interval_ms = config.tick_interval_ms,
-        version = env!("CARGO_PKG_VERSION"),
-        "controller listening"
-    );
-
-    let ticker = tokio::spawn(tick_loop(operator, clock, config.tick_interval_ms, queue));
-    let served = axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("serving HTTP");
-    ticker.abort();
-    tracing::info!("controller stopped");
-    served
+    let queue = start_diagnosis(config, &operator.engine, clock, metrics)?;
+    Ok(tokio::spawn(tick_loop(
+        operator.clone(),
+        clock.clone(),
+        config.tick_interval_ms,
+        queue,
+    )))
 }
 
 /// Start diagnosing new incidents, unless the configuration turns it off.

@@ -90,6 +90,11 @@ pub struct Metrics {
     /// Incident alerts by sink (`alertmanager`, `webhook`) and result (`ok`, `error`,
     /// `dropped`, `suppressed`); see `crate::alerts`.
     pub alerts_sent: IntCounterVec,
+    /// 1 while this controller leads (acts), 0 while it follows.
+    pub leader: IntGauge,
+    /// Actions finished, by kind (`drain`, `undrain`, `acknowledge`, `resolve`) and
+    /// result (`done`, `failed`).
+    pub actions: IntCounterVec,
 }
 
 /// Per-job and per-rank gauges, rebuilt from the engine's jobs on each scrape (a job the
@@ -466,6 +471,25 @@ impl Metrics {
                 r.register(Box::new(c.clone()))?;
                 c
             },
+            leader: {
+                let g = IntGauge::new(
+                    "warden_controller_leader",
+                    "1 while this controller leads (detects, acts, alerts), 0 while it follows.",
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            actions: {
+                let c = IntCounterVec::new(
+                    Opts::new(
+                        "warden_actions_total",
+                        "Actions finished (people's and policy's), by kind and result.",
+                    ),
+                    &["kind", "result"],
+                )?;
+                r.register(Box::new(c.clone()))?;
+                c
+            },
             jobs: JobMetrics::new(&r)?,
             registry: r,
             seen: Mutex::new(Seen::default()),
@@ -474,6 +498,11 @@ impl Metrics {
         for scheduler in crate::lifecycle::METRIC_SCHEDULERS {
             for event in ["start", "end"] {
                 m.lifecycle.with_label_values(&[event, scheduler]);
+            }
+        }
+        for kind in ["drain", "undrain", "acknowledge", "resolve"] {
+            for result in ["done", "failed"] {
+                m.actions.with_label_values(&[kind, result]);
             }
         }
         for sink in ["alertmanager", "webhook"] {

@@ -129,6 +129,10 @@ pub struct Operator {
     pub store: Store,
     /// Where alerts about changes people make go, if anywhere.
     pub alerts: Option<crate::alerts::AlertQueue>,
+    /// Whether this controller leads (only the leader acts).
+    pub leadership: Arc<crate::leader::Leadership>,
+    /// Where finished actions are counted, if anywhere.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Operator {
@@ -140,6 +144,8 @@ impl Operator {
             persister: Arc::new(Mutex::new(Persister::new(store.clone()))),
             store,
             alerts: None,
+            leadership: crate::leader::Leadership::solo(),
+            metrics: None,
         })
     }
 
@@ -353,6 +359,11 @@ impl Operator {
         self.store
             .finish(&a.id, ActionStatus::Done, &result, now)
             .await?;
+        if let Some(m) = &self.metrics {
+            m.actions
+                .with_label_values(&[a.kind.as_str(), "done"])
+                .inc();
+        }
         Ok(change)
     }
 }

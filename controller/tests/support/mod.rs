@@ -2,6 +2,7 @@
 //! free port, a plain HTTP GET, and a real Slurm cluster ([`slurm`]).
 #![allow(dead_code)]
 
+pub mod ctl;
 pub mod pg;
 pub mod slurm;
 

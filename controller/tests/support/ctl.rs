@@ -1,0 +1,197 @@
+//! A `warden-controller` process for tests that kill and restart it: its stderr lines
+//! on a channel (to wait for a failpoint), plain HTTP calls that may never be answered,
+//! and the batches and reads those tests need.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use warden_model::wire::{Batch, EventSeverity, Heartbeat, NodeEvent, NodeEventKind};
+
+use super::{free_port, http_get};
+
+/// A running controller and the lines of its stderr.
+pub struct Ctl {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Ctl {
+    /// Start it with `store` (e.g. `["--data-dir", DIR]`) and an optional failpoint,
+    /// and wait until it answers.
+    pub fn start(store: &[&std::ffi::OsStr], failpoint: Option<&str>) -> Ctl {
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_warden-controller"));
+        cmd.args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(store)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(f) = failpoint {
+            cmd.env("WARDEN_FAILPOINT", f);
+        }
+        let mut child = cmd.spawn().expect("warden-controller starts");
+        let err = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("  controller: {line}");
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http_get(port, "/healthz").is_none_or(|(s, _)| s != 200) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("warden-controller exited early: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "warden-controller never answered"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ctl {
+            child,
+            port,
+            stderr: rx,
+        }
+    }
+
+    /// SIGKILL, and wait for it to be gone.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reaped");
+    }
+
+    /// Wait until stderr says the failpoint was reached.
+    pub fn wait_for(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return,
+                Ok(_) => {}
+                Err(_) => panic!("{needle:?} never appeared"),
+            }
+        }
+    }
+
+    /// `GET path`, expecting 200 and JSON.
+    pub fn get(&self, path: &str) -> Value {
+        let (status, body) = http_get(self.port, path).expect("answers");
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_str(&body).expect("json")
+    }
+
+    /// Send a request and do not wait for the answer (it may never come).
+    pub fn send(&self, method: &str, path: &str, ct: &str, body: &[u8]) -> TcpStream {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {ct}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .expect("write");
+        s.write_all(body).expect("write body");
+        s
+    }
+
+    /// Send a request and return (status, body).
+    pub fn call(&self, method: &str, path: &str, ct: &str, body: &[u8]) -> (u16, String) {
+        let mut s = self.send(method, path, ct, body);
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("read");
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status");
+        let body = text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_owned();
+        (status, body)
+    }
+
+    /// Post a batch from `node` with a fatal XID 79 on GPU 3.
+    pub fn ingest_xid(&self, node: &str, seq: u64) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos() as i64;
+        let batch = Batch {
+            version: 0,
+            node: node.into(),
+            agent_id: format!("agent-{node}"),
+            boot_id: "boot-1".into(),
+            seq,
+            sent_at_ns: now,
+            jobs: vec![],
+            gpus: vec![],
+            events: vec![NodeEvent {
+                id: seq,
+                at_ns: now,
+                kind: NodeEventKind::Xid as i32,
+                severity: EventSeverity::Fatal as i32,
+                gpu_index: Some(3),
+                pci_bus_id: "0000:3b:00".into(),
+                code: Some(79),
+                message: "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.".into(),
+                count: 1,
+            }],
+            heartbeat: Some(Heartbeat::default()),
+        };
+        let (status, body) = self.call(
+            "POST",
+            "/api/v1/ingest",
+            "application/vnd.warden.batch",
+            &batch.encode_binary(),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+
+    /// `GET /api/v1/incidents`.
+    pub fn incidents(&self) -> Vec<Value> {
+        self.get("/api/v1/incidents")
+            .as_array()
+            .expect("array")
+            .clone()
+    }
+
+    /// `GET /api/v1/actions`.
+    pub fn actions(&self) -> Vec<Value> {
+        self.get("/api/v1/actions")
+            .as_array()
+            .expect("array")
+            .clone()
+    }
+}
+
+/// Poll `f` every 100 ms until it holds; fail after 20 s naming `what`.
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The actions of `kind` on `target`.
+pub fn count(actions: &[Value], kind: &str, target: &str) -> Vec<Value> {
+    actions
+        .iter()
+        .filter(|a| a["kind"] == kind && a["target"] == target)
+        .cloned()
+        .collect()
+}
