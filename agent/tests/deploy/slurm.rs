@@ -153,6 +153,12 @@ fn units_are_hardened_and_their_example_configs_load() {
         .clone()
         .expect("agent token");
     assert!(credential(&ctl, "warden-controller.service").contains(&token));
+    let tokens = ctl_cfg.tokens_file.clone().expect("the API needs tokens");
+    assert!(
+        credential(&ctl, "warden-controller.service").contains(&tokens),
+        "{} is loaded by the unit",
+        tokens.display()
+    );
     assert_eq!(ctl_cfg.listen.port(), 9460);
     assert!(ctl_cfg.diagnosis.agent_url.ends_with(":9461"));
 }
