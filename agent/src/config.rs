@@ -90,6 +90,9 @@ pub struct ControllerFile {
     pub url: Option<String>,
     /// File holding the bearer token sent with every batch (never logged).
     pub token_file: Option<PathBuf>,
+    /// PEM file of CA certificates to trust, beside the public roots, for an https
+    /// controller URL (a private CA).
+    pub ca_file: Option<PathBuf>,
     /// Interval between batches, milliseconds.
     pub flush_interval_ms: Option<u64>,
     /// Longest time without any batch; an idle agent sends a heartbeat this often.
@@ -162,6 +165,8 @@ pub struct ShipConfig {
     pub url: Option<String>,
     /// Bearer token file.
     pub token_file: Option<PathBuf>,
+    /// CA file for an https controller URL.
+    pub ca_file: Option<PathBuf>,
     /// Interval between batches.
     pub flush_interval: Duration,
     /// Idle heartbeat interval.
@@ -183,6 +188,7 @@ impl Default for ShipConfig {
         ShipConfig {
             url: None,
             token_file: None,
+            ca_file: None,
             flush_interval: Duration::from_secs(1),
             heartbeat_interval: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
@@ -330,17 +336,12 @@ impl Checker {
         let v = value.trim().trim_end_matches('/');
         let ok = v
             .strip_prefix("http://")
+            .or_else(|| v.strip_prefix("https://"))
             .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace));
         if ok {
             Some(v.to_owned())
         } else {
-            let msg = if v.starts_with("https://") {
-                format!(
-                    "{value:?}: https is served by the proxy in front of the controller; give the agent an http:// URL reachable inside the cluster"
-                )
-            } else {
-                format!("{value:?} is not a URL like http://warden-controller:9460")
-            };
+            let msg = format!("{value:?} is not a URL like http://warden-controller:9460");
             self.push(origin, "controller.url", msg);
             None
         }
@@ -550,6 +551,7 @@ impl AgentConfig {
             }
         }
         ship.token_file = cf.token_file.clone();
+        ship.ca_file = cf.ca_file.clone();
         c.ms(
             fo,
             "controller.flush_interval_ms",

@@ -283,8 +283,13 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let shipper = match &cfg.ship.url {
         Some(url) => {
-            let transport = HttpTransport::new(url, token.as_deref(), cfg.ship.request_timeout)
-                .map_err(RunError::Url)?;
+            let transport = HttpTransport::new(
+                url,
+                token.as_deref(),
+                cfg.ship.request_timeout,
+                cfg.ship.ca_file.as_deref(),
+            )
+            .map_err(RunError::Url)?;
             let sh = Shipper::new(cfg.ship.clone(), transport, id.clone())
                 .with_metrics(metrics.clone())
                 .with_collectors_down(shared.collectors_down.clone())

@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -272,19 +273,48 @@ pub trait Transport: Send + Sync + 'static {
 /// HTTP POST to `<url>/api/v1/ingest` with the binary content type.
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     uri: hyper::Uri,
     auth: Option<String>,
     timeout: Duration,
 }
 
+/// TLS client settings: Mozilla's roots, plus the CA certificates in `ca_file`.
+fn tls_client(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let bad = |e: String| format!("controller.ca_file {}: {e}", path.display());
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| bad(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(bad("no CERTIFICATE block".into()));
+        }
+        for c in certs {
+            roots.add(c).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 impl HttpTransport {
-    /// A transport to the controller at `base_url` (`http://host:port`), sending
-    /// `token` as a bearer token when given.
+    /// A transport to the controller at `base_url` (`http://host:port` or
+    /// `https://...`, trusting the public roots and the CA certificates in `ca_file`),
+    /// sending `token` as a bearer token when given.
     pub fn new(
         base_url: &str,
         token: Option<&str>,
         timeout: Duration,
+        ca_file: Option<&std::path::Path>,
     ) -> Result<HttpTransport, String> {
         let uri = format!("{}/api/v1/ingest", base_url.trim_end_matches('/'))
             .parse::<hyper::Uri>()
@@ -292,9 +322,16 @@ impl HttpTransport {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
+        connector.enforce_http(false);
+        let tls = tls_client(ca_file)?;
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+            .build(https);
         Ok(HttpTransport {
             client,
             uri,

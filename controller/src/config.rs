@@ -48,6 +48,8 @@ pub struct ConfigFile {
     /// The base URL other controllers reach this one at (`http://HOST:PORT`), for
     /// several controllers on one PostgreSQL; default: `http://` and the listen address.
     pub advertise_url: Option<String>,
+    /// Serve the API over https (`docs/API.md`, "TLS").
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 /// The settings a flag can override (`None`: not given).
@@ -100,6 +102,8 @@ pub struct ControllerConfig {
     pub alerts: crate::alerts::AlertsConfig,
     /// The base URL other controllers reach this one at; `None`: from the listen address.
     pub advertise_url: Option<String>,
+    /// https settings; `None`: plain http.
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 impl Default for ControllerConfig {
@@ -113,6 +117,7 @@ impl Default for ControllerConfig {
             tokens_file: None,
             alerts: crate::alerts::AlertsConfig::default(),
             advertise_url: None,
+            tls: None,
         }
     }
 }
@@ -176,6 +181,7 @@ impl ConfigFile {
                     out.tokens_file = one.tokens_file.or(out.tokens_file);
                     out.alerts = one.alerts.or(out.alerts);
                     out.advertise_url = one.advertise_url.or(out.advertise_url);
+                    out.tls = one.tls.or(out.tls);
                 }
                 Err(e) => errors.push(err(name, e.into_inner().to_string())),
             }
@@ -280,14 +286,18 @@ impl ControllerConfig {
         }
         cfg.advertise_url = env("WARDEN_ADVERTISE_URL").or_else(|| parsed.advertise_url.clone());
         if let Some(u) = &cfg.advertise_url {
-            if !u.starts_with("http://") || u.len() <= "http://".len() {
+            let rest = u
+                .strip_prefix("http://")
+                .or_else(|| u.strip_prefix("https://"));
+            if rest.is_none_or(str::is_empty) {
                 errors.push(ConfigError {
                     origin: file_origin.clone(),
                     field: "advertise_url".into(),
-                    message: format!("{u:?} is not an http:// base URL"),
+                    message: format!("{u:?} is not an http:// or https:// base URL"),
                 });
             }
         }
+        cfg.tls = parsed.tls.clone();
         cfg.tokens_file = flags
             .tokens_file
             .clone()

@@ -11,6 +11,7 @@ use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -24,9 +25,34 @@ pub const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Header naming the controller that answered a relayed request.
 pub const RELAYED_BY: &str = "x-warden-relayed-by";
 
-fn client() -> &'static Client<HttpConnector, Full<Bytes>> {
-    static CLIENT: OnceLock<Client<HttpConnector, Full<Bytes>>> = OnceLock::new();
-    CLIENT.get_or_init(|| Client::builder(TokioExecutor::new()).build_http())
+type Relay = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+static CLIENT: OnceLock<Relay> = OnceLock::new();
+
+/// Relay over https trusting `tls` (public roots and a private CA); call once at start,
+/// before the first relay. Without it, relays trust the public roots only.
+pub fn configure(tls: rustls::ClientConfig) {
+    let _ = CLIENT.set(build(tls));
+}
+
+fn build(tls: rustls::ClientConfig) -> Relay {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(Duration::from_secs(3)));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new()).build(https)
+}
+
+fn client() -> Option<&'static Relay> {
+    if let Some(c) = CLIENT.get() {
+        return Some(c);
+    }
+    let tls = crate::tls::client_config(None).ok()?;
+    Some(CLIENT.get_or_init(|| build(tls)))
 }
 
 fn unavailable(text: String) -> Response {
@@ -78,7 +104,10 @@ pub async fn relay(req: Request, leader: Option<String>, me: &str) -> Response {
         Ok(r) => r,
         Err(e) => return unavailable(format!("cannot build the relayed request: {e}")),
     };
-    let answer = tokio::time::timeout(RELAY_TIMEOUT, client().request(out)).await;
+    let Some(client) = client() else {
+        return unavailable("cannot set up the relay's TLS client".into());
+    };
+    let answer = tokio::time::timeout(RELAY_TIMEOUT, client.request(out)).await;
     let resp = match answer {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return unavailable(format!("the leader did not answer: {e}")),

@@ -19,6 +19,7 @@ pub mod operate;
 pub mod persist;
 pub mod state;
 pub mod store;
+pub mod tls;
 pub mod view;
 
 pub use clock::{Clock, ManualClock, SystemClock};

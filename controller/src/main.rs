@@ -20,6 +20,7 @@ use warden_controller::operate::{self, Operator};
 use warden_controller::persist::Persister;
 use warden_controller::store::Store;
 use warden_controller::{Clock, Engine, EngineConfig, IncidentChange, SharedEngine, SystemClock};
+use warden_controller::{forward, tls};
 use warden_diagnosis::llm::LlmDiagnoser;
 use warden_diagnosis::rules::RuleSet;
 use warden_model::Timestamp;
@@ -139,6 +140,25 @@ fn main() -> ExitCode {
         },
         None => Auth::Open,
     };
+    let tls = match &config.tls {
+        Some(t) => {
+            let setup = tls::server_config(t).and_then(|server| {
+                let client = tls::client_config(t.ca_file.as_deref())?;
+                Ok((server, client))
+            });
+            match setup {
+                Ok((server, client)) => {
+                    forward::configure(client);
+                    Some(server)
+                }
+                Err(e) => {
+                    eprintln!("warden-controller: tls: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            }
+        }
+        None => None,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -149,7 +169,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, auth)) {
+    match runtime.block_on(run(config, auth, tls)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "controller stopped");
@@ -188,7 +208,11 @@ fn controller_id() -> String {
     )
 }
 
-async fn run(config: ControllerConfig, auth: Auth) -> anyhow::Result<()> {
+async fn run(
+    config: ControllerConfig,
+    auth: Auth,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
     let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
@@ -197,10 +221,11 @@ async fn run(config: ControllerConfig, auth: Auth) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let local = listener.local_addr().context("reading the bound address")?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let advertise = config
         .advertise_url
         .clone()
-        .unwrap_or_else(|| format!("http://{local}"));
+        .unwrap_or_else(|| format!("{scheme}://{local}"));
     let leadership = Leadership::new(controller_id(), advertise);
     let alerts = warden_controller::alerts::start(config.alerts.clone(), Some(metrics.clone()))
         .context("starting incident alerts")?;
@@ -228,17 +253,30 @@ async fn run(config: ControllerConfig, auth: Auth) -> anyhow::Result<()> {
     };
     tracing::info!(
         listen = %local,
+        scheme,
         id = %leadership.id(),
         max_batch_bytes = config.max_batch_bytes,
         tick_interval_ms = config.tick_interval_ms,
         version = env!("CARGO_PKG_VERSION"),
         "controller listening"
     );
-    let mut server = tokio::spawn(async move {
-        axum::serve(listener, api::router(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-    });
+    let app = api::router(state);
+    let mut server = match tls {
+        Some(config) => {
+            let listener =
+                tls::TlsListener::new(listener, config).context("setting up the TLS listener")?;
+            tokio::spawn(async move {
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown_signal())
+                    .await
+            })
+        }
+        None => tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await
+        }),
+    };
 
     // Follow until the lease is ours; then take the incidents back, finish what the
     // previous leader left unfinished, and start detecting.

@@ -1,0 +1,174 @@
+//! HTTPS for the controller's API (rustls, ring): a certificate chain and key from PEM
+//! files, and a listener that hands axum only connections whose TLS handshake finished.
+//! Handshakes run in their own tasks with a deadline, so a slow or silent client never
+//! holds up the others.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Deserialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// How long a client gets to finish its handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS settings of the API (config section `tls`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file with the server certificate, then its intermediates.
+    pub cert_file: PathBuf,
+    /// PEM file with the private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM file with CA certificates to trust beside the public roots when this
+    /// controller relays to the leader over https (a private CA).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read or holds nothing usable.
+    #[error("{what} {path}: {detail}")]
+    Pem {
+        /// `certificate file` or `key file`.
+        what: &'static str,
+        /// The file.
+        path: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// rustls refused the certificate and key.
+    #[error("the certificate and key do not make a TLS server: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+/// The rustls server configuration for `cfg`.
+pub fn server_config(cfg: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let pem = |what, path: &Path, detail: String| TlsError::Pem {
+        what,
+        path: path.display().to_string(),
+        detail,
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cfg.cert_file)
+        .map_err(|e| pem("certificate file", &cfg.cert_file, e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| pem("certificate file", &cfg.cert_file, e.to_string()))?;
+    if certs.is_empty() {
+        return Err(pem(
+            "certificate file",
+            &cfg.cert_file,
+            "no CERTIFICATE block".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(&cfg.key_file)
+        .map_err(|e| pem("key file", &cfg.key_file, e.to_string()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A TLS client configuration trusting the public (Mozilla) roots and the CA
+/// certificates in `ca_file`, when given.
+pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let pem = |detail: String| TlsError::Pem {
+            what: "CA file",
+            path: path.display().to_string(),
+            detail,
+        };
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| pem(e.to_string()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| pem(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(pem("no CERTIFICATE block".into()));
+        }
+        for c in certs {
+            roots.add(c).map_err(TlsError::Config)?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// A listener whose connections are TLS streams with a finished handshake.
+#[derive(Debug)]
+pub struct TlsListener {
+    local: std::net::SocketAddr,
+    ready: mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
+}
+
+impl TlsListener {
+    /// Serve TLS with `config` on connections accepted from `tcp`.
+    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let acceptor = TlsAcceptor::from(config);
+        let (tx, ready) = mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match tcp.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of file descriptors and the like: wait, do not spin.
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                if tx.is_closed() {
+                    return;
+                }
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(peer = %peer, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            tracing::debug!(peer = %peer, "TLS handshake timed out");
+                        }
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { local, ready })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(c) => c,
+            // The accept task ended: nothing more will come.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
