@@ -28,7 +28,7 @@ pub const EXIT_CONFIG: u8 = 64;
     name = "warden",
     version,
     propagate_version = true,
-    after_help = OPS_EXIT_CODES
+    after_help = ops::EXIT_CODES_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -49,28 +49,21 @@ enum Command {
     /// Print the version of this build and the wire version it speaks.
     Version,
     /// List, show, acknowledge and resolve incidents on a running controller.
-    #[command(after_help = OPS_EXIT_CODES)]
+    #[command(after_help = ops::EXIT_CODES_HELP)]
     Incidents(ops::IncidentsArgs),
     /// List nodes: agents heard from and nodes held drained.
-    #[command(after_help = OPS_EXIT_CODES)]
+    #[command(after_help = ops::EXIT_CODES_HELP)]
     Nodes(ops::PlainArgs),
     /// Drain a node: no new work goes to it.
-    #[command(after_help = OPS_EXIT_CODES)]
+    #[command(after_help = ops::EXIT_CODES_HELP)]
     Drain(ops::DrainArgs),
     /// Undrain a node drained with `warden drain`.
-    #[command(after_help = OPS_EXIT_CODES)]
+    #[command(after_help = ops::EXIT_CODES_HELP)]
     Undrain(ops::UndrainArgs),
     /// Show who the token is (name and role): a check of the token and the server.
-    #[command(after_help = OPS_EXIT_CODES)]
+    #[command(after_help = ops::EXIT_CODES_HELP)]
     Whoami(ops::PlainArgs),
 }
-
-/// The exit codes of the commands that talk to a controller.
-const OPS_EXIT_CODES: &str = "\
-Exit codes of incidents, nodes, drain, undrain and whoami:
-  0 done; 1 server or other error (and server unreachable); 2 usage or configuration;
-  3 token refused (401/403); 4 not found (404); 5 conflict (409: already drained,
-  already resolved). demo, sim and diagnose exit 64 on usage errors.";
 
 /// Subcommands that talk to a controller: their usage errors exit 2.
 const OPS_COMMANDS: [&str; 5] = ["incidents", "nodes", "drain", "undrain", "whoami"];

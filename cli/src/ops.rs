@@ -12,6 +12,16 @@ use crate::client::{ApiClient, OpsError, encode};
 use crate::settings::{EnvValues, FlagValues, Settings};
 use crate::show;
 
+/// The exit codes of the commands that talk to a controller, for their help.
+pub const EXIT_CODES_HELP: &str = "\
+Exit codes of incidents, nodes, drain, undrain and whoami:
+  0 done; 1 server or other error (and server unreachable); 2 usage or configuration;
+  3 token refused (401/403); 4 not found (404); 5 conflict (409: already drained,
+  already resolved). demo, sim and diagnose exit 64 on usage errors.";
+
+/// The help section of the options every operator command takes.
+const HEADING: &str = "Controller and output";
+
 /// How answers are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {
@@ -26,10 +36,10 @@ pub enum Output {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnArgs {
     /// Print `table` or the server's `json`.
-    #[arg(long, value_enum, default_value_t = Output::Table, global = true)]
+    #[arg(long, value_enum, default_value_t = Output::Table, global = true, help_heading = HEADING)]
     pub output: Output,
     /// The controller's URL [env: WARDEN_SERVER] [default: http://127.0.0.1:9460].
-    #[arg(long, value_name = "URL", global = true)]
+    #[arg(long, value_name = "URL", global = true, help_heading = HEADING)]
     pub server: Option<String>,
     /// The API token; prefer --token-file, since other users can see command lines
     /// [env: WARDEN_TOKEN].
@@ -37,15 +47,16 @@ pub struct ConnArgs {
         long,
         value_name = "TOKEN",
         global = true,
+        help_heading = HEADING,
         conflicts_with = "token_file"
     )]
     pub token: Option<String>,
     /// File whose first line is the API token [env: WARDEN_TOKEN_FILE].
-    #[arg(long, value_name = "FILE", global = true)]
+    #[arg(long, value_name = "FILE", global = true, help_heading = HEADING)]
     pub token_file: Option<PathBuf>,
     /// Config file with `server:` and `token_file:` [env: WARDEN_CONFIG] [default:
     /// ~/.config/warden/cli.yaml when it exists].
-    #[arg(long, value_name = "FILE", global = true)]
+    #[arg(long, value_name = "FILE", global = true, help_heading = HEADING)]
     pub config: Option<PathBuf>,
 }
 
@@ -61,13 +72,16 @@ pub struct IncidentsArgs {
 #[derive(Debug, clap::Subcommand)]
 enum IncidentsCommand {
     /// List incidents, oldest first (one page unless --all).
+    #[command(after_help = EXIT_CODES_HELP)]
     List(ListArgs),
     /// One incident in full: culprit, times, evidence, timeline, diagnosis.
+    #[command(after_help = EXIT_CODES_HELP)]
     Show {
         /// The incident's id.
         id: String,
     },
     /// Acknowledge an incident: someone is on it.
+    #[command(after_help = EXIT_CODES_HELP)]
     Ack {
         /// The incident's id.
         id: String,
@@ -76,6 +90,7 @@ enum IncidentsCommand {
         note: Option<String>,
     },
     /// Resolve an incident by hand.
+    #[command(after_help = EXIT_CODES_HELP)]
     Resolve {
         /// The incident's id.
         id: String,
