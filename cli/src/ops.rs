@@ -232,12 +232,11 @@ pub fn undrain(args: UndrainArgs) -> ExitCode {
             };
             let path = format!("/api/v1/nodes/{}/drain", encode(&args.node));
             let a = c.delete(&path, body.as_ref()).await?;
-            // 204: nothing to print as JSON.
-            if out == Output::Table || !a.json.is_null() {
-                if out == Output::Json {
-                    return print_json(&a.json);
-                }
-                println!("{} undrained", args.node);
+            match out {
+                Output::Table => println!("{} undrained", args.node),
+                // 204 has no body: JSON output prints nothing.
+                Output::Json if a.json.is_null() => {}
+                Output::Json => print_json(&a.json)?,
             }
             Ok(())
         })
