@@ -1,10 +1,14 @@
 //! `warden`: the operator command line. `warden demo` runs a simulated job with a
 //! scripted fault mix against an in-process controller; `warden sim` runs a scenario
 //! as fast as possible and reports what the controller found; `warden diagnose`
-//! classifies a failure from its logs.
+//! classifies a failure from its logs; `warden incidents`, `nodes`, `drain`, `undrain`
+//! and `whoami` work with a running controller over its API (docs/CLI.md).
 
+mod client;
 mod demo;
 mod diagnose;
+mod ops;
+mod settings;
 mod show;
 mod sim;
 
@@ -20,7 +24,12 @@ pub const EXIT_CONFIG: u8 = 64;
 /// Warden keeps large GPU training jobs running: it finds hangs, stragglers, slow links,
 /// NaNs, crashes and GPU faults and names the culprit rank, GPU and node.
 #[derive(Debug, Parser)]
-#[command(name = "warden", version, propagate_version = true)]
+#[command(
+    name = "warden",
+    version,
+    propagate_version = true,
+    after_help = ops::EXIT_CODES_HELP
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,7 +48,25 @@ enum Command {
     Diagnose(DiagnoseArgs),
     /// Print the version of this build and the wire version it speaks.
     Version,
+    /// List, show, acknowledge and resolve incidents on a running controller.
+    #[command(after_help = ops::EXIT_CODES_HELP)]
+    Incidents(ops::IncidentsArgs),
+    /// List nodes: agents heard from and nodes held drained.
+    #[command(after_help = ops::EXIT_CODES_HELP)]
+    Nodes(ops::PlainArgs),
+    /// Drain a node: no new work goes to it.
+    #[command(after_help = ops::EXIT_CODES_HELP)]
+    Drain(ops::DrainArgs),
+    /// Undrain a node drained with `warden drain`.
+    #[command(after_help = ops::EXIT_CODES_HELP)]
+    Undrain(ops::UndrainArgs),
+    /// Show who the token is (name and role): a check of the token and the server.
+    #[command(after_help = ops::EXIT_CODES_HELP)]
+    Whoami(ops::PlainArgs),
 }
+
+/// Subcommands that talk to a controller: their usage errors exit 2.
+const OPS_COMMANDS: [&str; 5] = ["incidents", "nodes", "drain", "undrain", "whoami"];
 
 /// Options of `warden demo`.
 #[derive(Debug, clap::Args)]
@@ -111,9 +138,17 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            // Usage errors exit 64 (EX_USAGE) like configuration errors; help and
-            // version go to stdout and succeed.
-            let code = if e.use_stderr() { EXIT_CONFIG } else { 0 };
+            // Usage errors exit 64 (EX_USAGE) like configuration errors, 2 for the
+            // commands that talk to a controller; help and version go to stdout and
+            // succeed.
+            let ops = std::env::args()
+                .nth(1)
+                .is_some_and(|a| OPS_COMMANDS.contains(&a.as_str()));
+            let code = match (e.use_stderr(), ops) {
+                (false, _) => 0,
+                (true, true) => client::EXIT_USAGE,
+                (true, false) => EXIT_CONFIG,
+            };
             let _ = e.print();
             return ExitCode::from(code);
         }
@@ -136,6 +171,11 @@ fn main() -> ExitCode {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Incidents(args) => Ok(ops::incidents(args)),
+        Command::Nodes(args) => Ok(ops::nodes(args)),
+        Command::Drain(args) => Ok(ops::drain(args)),
+        Command::Undrain(args) => Ok(ops::undrain(args)),
+        Command::Whoami(args) => Ok(ops::whoami(args)),
     };
     match result {
         Ok(code) => code,

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use warden_controller::Change;
-use warden_controller::view::IncidentView;
+use warden_controller::view::{IncidentView, NodeView};
 
 /// `[0, 1, 2, 3, 7]` as `0-3, 7`.
 pub fn ranges(v: &[u32]) -> String {
@@ -138,11 +138,7 @@ fn diagnosis(inc: &IncidentView) -> String {
     let Some(d) = &inc.diagnosis else {
         return s;
     };
-    let what = match (&d.category, &d.fault_locus) {
-        (Some(c), Some(l)) => format!("{c} ({l})"),
-        (Some(c), None) => c.clone(),
-        _ => "no known failure in the logs".to_owned(),
-    };
+    let what = diagnosis_label(d);
     let _ = writeln!(
         s,
         "[{at:>7.1}s] {} {} {} — {what}, confidence {:.0}% ({})",
@@ -188,6 +184,273 @@ pub fn table(incidents: &[IncidentView]) -> String {
     s
 }
 
+/// Times below this (seconds) are offsets from a run's start, not epoch times: `warden
+/// demo` counts from zero.
+const EPOCH_FLOOR_S: f64 = 1_000_000_000.0;
+
+/// A length of time in one or two units: `42s`, `3m`, `2h 5m`, `4d 1h`.
+pub fn duration(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 if s % 3600 / 60 == 0 => format!("{}h", s / 3600),
+        3600..86_400 => format!("{}h {}m", s / 3600, s % 3600 / 60),
+        _ if s % 86_400 / 3600 == 0 => format!("{}d", s / 86_400),
+        _ => format!("{}d {}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// Time `t` (seconds since the epoch) relative to `now`: `3m ago`, `in 5s` (a clock
+/// ahead), `just now`; a run's offset (`warden demo`) as `t+323.1s`.
+pub fn ago(t: f64, now: f64) -> String {
+    if t < EPOCH_FLOOR_S {
+        return format!("t+{t:.1}s");
+    }
+    let d = now - t;
+    if d.abs() < 1.0 {
+        "just now".to_owned()
+    } else if d > 0.0 {
+        format!("{} ago", duration(d))
+    } else {
+        format!("in {}", duration(-d))
+    }
+}
+
+/// Time `t` as a UTC date and its distance from `now`: `2026-01-01 12:03:04 UTC (3m
+/// ago)`; a run's offset (`warden demo`) as `t+323.1s`.
+pub fn when(t: f64, now: f64) -> String {
+    if t < EPOCH_FLOOR_S {
+        return ago(t, now);
+    }
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs_f64(t);
+    let stamp = humantime::format_rfc3339_seconds(at).to_string();
+    let stamp = stamp.replacen('T', " ", 1).replace('Z', " UTC");
+    format!("{stamp} ({})", ago(t, now))
+}
+
+/// `s` on one line and at most `max` characters, ending in `…` when cut.
+pub fn truncate(s: &str, max: usize) -> String {
+    let one_line: String = s
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if one_line.chars().count() <= max {
+        return one_line;
+    }
+    let mut out: String = one_line.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+/// Rows under a header in aligned columns (two spaces apart; the last column is not
+/// padded), ending in a newline.
+pub fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
+    let ncols = rows.iter().map(Vec::len).fold(header.len(), usize::max);
+    let mut widths = vec![0; ncols];
+    for (i, h) in header.iter().enumerate() {
+        widths[i] = h.chars().count();
+    }
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut s = String::new();
+    let head: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    for row in std::iter::once(&head).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            if i + 1 < row.len() {
+                let pad = widths.get(i).copied().unwrap_or(0);
+                let len = cell.chars().count();
+                line.extend(std::iter::repeat_n(' ', pad.saturating_sub(len)));
+            }
+        }
+        s.push_str(line.trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+/// Longest summary in a table row, characters.
+const SUMMARY_MAX: usize = 60;
+
+/// Incidents as a table with times relative to `now` (seconds since the epoch), ending
+/// in a newline.
+pub fn incident_rows(incidents: &[IncidentView], now: f64) -> String {
+    if incidents.is_empty() {
+        return "no incidents\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = incidents
+        .iter()
+        .map(|i| {
+            vec![
+                i.id.clone(),
+                i.kind.as_str().to_owned(),
+                i.state.as_str().to_owned(),
+                if i.acknowledged { "yes" } else { "no" }.to_owned(),
+                i.job.clone().unwrap_or_else(|| "-".to_owned()),
+                ago(i.detected_s, now),
+                truncate(&culprit(i), 40),
+                truncate(&i.summary, SUMMARY_MAX),
+            ]
+        })
+        .collect();
+    columns(
+        &[
+            "ID", "KIND", "STATE", "ACK", "JOB", "DETECTED", "CULPRIT", "SUMMARY",
+        ],
+        &rows,
+    )
+}
+
+/// One incident in full (evidence, timeline, diagnosis), times as dates and relative to
+/// `now`, ending in a newline.
+pub fn incident_detail(inc: &IncidentView, now: f64) -> String {
+    let mut s = String::new();
+    let ack = if inc.acknowledged {
+        "acknowledged"
+    } else {
+        "not acknowledged"
+    };
+    let _ = writeln!(
+        s,
+        "{} — {} {}, {ack}",
+        inc.id,
+        inc.kind.as_str(),
+        inc.state.as_str()
+    );
+    let _ = writeln!(s, "  summary     {}", inc.summary);
+    let _ = writeln!(
+        s,
+        "  job         {}",
+        inc.job.as_deref().unwrap_or("(none)")
+    );
+    let _ = writeln!(s, "  culprit     {}", culprit(inc));
+    let _ = writeln!(
+        s,
+        "  severity    {}, confidence {:.0}%",
+        inc.severity.as_str(),
+        inc.confidence * 100.0
+    );
+    let _ = writeln!(s, "  onset       {}", when(inc.onset_s, now));
+    let lag = inc.detected_s - inc.onset_s;
+    let lag = if lag >= 0.0 {
+        format!(", {lag:.1}s after onset")
+    } else {
+        String::new()
+    };
+    let _ = writeln!(s, "  detected    {}{lag}", when(inc.detected_s, now));
+    if let Some(r) = inc.resolved_s {
+        let _ = writeln!(s, "  resolved    {}", when(r, now));
+    }
+    let _ = writeln!(s, "\nevidence:");
+    if inc.evidence.is_empty() {
+        let _ = writeln!(s, "  (none)");
+    }
+    let evidence: Vec<Vec<String>> = inc
+        .evidence
+        .iter()
+        .map(|e| vec![format!("  {}", ago(e.at_s, now)), e.text.clone()])
+        .collect();
+    s.push_str(columns_body(&evidence).as_str());
+    let _ = writeln!(s, "\ntimeline:");
+    let timeline: Vec<Vec<String>> = inc
+        .timeline
+        .iter()
+        .map(|t| vec![format!("  {}", ago(t.at_s, now)), t.what.clone()])
+        .collect();
+    s.push_str(columns_body(&timeline).as_str());
+    match &inc.diagnosis {
+        None => {
+            let _ = writeln!(s, "\ndiagnosis: (not yet)");
+        }
+        Some(d) => {
+            let _ = writeln!(
+                s,
+                "\ndiagnosis: {}, confidence {:.0}% ({})",
+                diagnosis_label(d),
+                d.confidence * 100.0,
+                d.source
+            );
+            if !d.culprit.is_empty() {
+                let _ = writeln!(s, "  culprit in the logs: {}", d.culprit);
+            }
+            if !d.explanation.is_empty() {
+                let _ = writeln!(s, "  {}", d.explanation);
+            }
+            for e in &d.evidence {
+                let node = e
+                    .node
+                    .as_deref()
+                    .map_or(String::new(), |n| format!("{n}: "));
+                let _ = writeln!(s, "  · [line {}] {node}{}", e.id, e.text);
+            }
+        }
+    }
+    s
+}
+
+/// Rows in aligned columns without a header.
+fn columns_body(rows: &[Vec<String>]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let text = columns(&[], rows);
+    text.split_once('\n')
+        .map_or(text.clone(), |(_, rest)| rest.to_owned())
+}
+
+/// Nodes as a table: name, state, owner, reason, incident, since (relative to `now`),
+/// and when their agent was last heard from. Ends in a newline.
+pub fn node_rows(nodes: &[NodeView], now: f64) -> String {
+    if nodes.is_empty() {
+        return "no nodes\n".to_owned();
+    }
+    let dash = || "-".to_owned();
+    let rows: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| {
+            vec![
+                n.name.clone(),
+                n.state.clone(),
+                n.owner.clone().unwrap_or_else(dash),
+                n.reason.as_deref().map_or_else(dash, |r| truncate(r, 40)),
+                n.incident.clone().unwrap_or_else(dash),
+                n.drained_s.map_or_else(dash, |t| ago(t, now)),
+                n.agent_silent_s
+                    .map_or_else(|| "no agent".to_owned(), |s| format!("{} ago", duration(s))),
+            ]
+        })
+        .collect();
+    columns(
+        &[
+            "NODE",
+            "STATE",
+            "OWNER",
+            "REASON",
+            "INCIDENT",
+            "SINCE",
+            "AGENT SEEN",
+        ],
+        &rows,
+    )
+}
+
+/// What a diagnosis says, in a few words: `category (locus)`.
+fn diagnosis_label(d: &warden_model::IncidentDiagnosis) -> String {
+    match (&d.category, &d.fault_locus) {
+        (Some(c), Some(l)) => format!("{c} ({l})"),
+        (Some(c), None) => c.clone(),
+        _ => "no known failure in the logs".to_owned(),
+    }
+}
+
 /// What an injected fault hits, in one line.
 pub fn fault_target(f: &warden_sim::FaultRecord) -> String {
     let mut parts = vec![];
@@ -228,5 +491,39 @@ mod tests {
         assert!(s.starts_with("node-00, node-01"), "{s}");
         assert!(s.ends_with("node-04 and 4 more"), "{s}");
         assert_eq!(capped(&names[..2]), "node-00, node-01");
+    }
+
+    #[test]
+    fn times_read_as_distances_from_now() {
+        let now = 1_767_225_600.0;
+        assert_eq!(ago(now - 42.0, now), "42s ago");
+        assert_eq!(ago(now - 190.0, now), "3m ago");
+        assert_eq!(ago(now - 7500.0, now), "2h 5m ago");
+        assert_eq!(ago(now - 7200.0, now), "2h ago");
+        assert_eq!(ago(now - 3.0 * 86_400.0 - 3600.0, now), "3d 1h ago");
+        assert_eq!(ago(now + 4.0, now), "in 4s");
+        assert_eq!(ago(now - 0.2, now), "just now");
+        assert_eq!(ago(323.14, now), "t+323.1s");
+        assert_eq!(when(now - 60.0, now), "2025-12-31 23:59:00 UTC (1m ago)");
+    }
+
+    #[test]
+    fn long_text_is_cut_to_one_line() {
+        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate("abcdefghijk", 5), "abcd…");
+        assert_eq!(truncate("a\nb", 5), "a b");
+        assert_eq!(truncate("ééééé", 5), "ééééé");
+    }
+
+    #[test]
+    fn columns_line_up_whatever_the_width() {
+        let rows = vec![
+            vec!["a".to_owned(), "bb".to_owned(), "c".to_owned()],
+            vec!["dddd".to_owned(), "é".to_owned(), "".to_owned()],
+        ];
+        assert_eq!(
+            columns(&["X", "Y", "Z"], &rows),
+            "X     Y   Z\na     bb  c\ndddd  é\n"
+        );
     }
 }

@@ -2,7 +2,8 @@
 //! the answer, bounded in size. [`ChatTransport`] is the narrow seam; [`HyperTransport`]
 //! (hyper 1, rustls with the ring provider and the Mozilla roots) is the real one. The
 //! controller's incident alerts post through the same client
-//! ([`HyperTransport::for_url`]).
+//! ([`HyperTransport::for_url`]), and the `warden` CLI's operator commands call the
+//! controller's API with it ([`HyperTransport::send`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::{Method, Request, Uri};
+use hyper::{HeaderMap, Method, Request, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -28,6 +29,8 @@ pub struct HttpResponse {
     pub status: u16,
     /// `Retry-After` in seconds, when the server sent one as a number.
     pub retry_after_secs: Option<u64>,
+    /// Every header of the answer.
+    pub headers: HeaderMap,
     /// The body.
     pub body: Bytes,
 }
@@ -138,55 +141,92 @@ impl HyperTransport {
     }
 }
 
+impl HyperTransport {
+    /// Sends `method` to `path_and_query` (which starts with `/`) under the URL the
+    /// transport was made for (`http://h:9460` or `https://h/prefix`), with `body` as
+    /// JSON when given, and returns the status, headers and whole body.
+    pub fn send<'a>(
+        &'a self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<Bytes>,
+    ) -> BoxFuture<'a, Result<HttpResponse, TransportError>> {
+        let uri = join(&self.uri, path_and_query);
+        Box::pin(async move { self.request(method, uri?, body).await })
+    }
+
+    async fn request(
+        &self,
+        method: Method,
+        uri: Uri,
+        body: Option<Bytes>,
+    ) -> Result<HttpResponse, TransportError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(hyper::header::ACCEPT, "application/json")
+            .header(hyper::header::USER_AGENT, self.user_agent);
+        if body.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(key) = &self.auth {
+            let mut value =
+                hyper::header::HeaderValue::from_str(&format!("Bearer {}", key.expose())).map_err(
+                    |_| TransportError::Connection("API key is not a valid header value".into()),
+                )?;
+            value.set_sensitive(true);
+            req = req.header(hyper::header::AUTHORIZATION, value);
+        }
+        let req = req
+            .body(Full::new(body.unwrap_or_default()))
+            .map_err(|e| TransportError::Connection(e.to_string()))?;
+        let resp = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| TransportError::Connection(error_chain(&e)))?;
+        let status = resp.status();
+        let retry_after_secs = resp
+            .headers()
+            .get(hyper::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let headers = resp.headers().clone();
+        let body = Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    TransportError::TooLarge
+                } else {
+                    TransportError::Connection(e.to_string())
+                }
+            })?
+            .to_bytes();
+        Ok(HttpResponse {
+            status: status.as_u16(),
+            retry_after_secs,
+            headers,
+            body,
+        })
+    }
+}
+
+/// `base` with `path_and_query` appended to its path (any query of `base` is dropped).
+fn join(base: &Uri, path_and_query: &str) -> Result<Uri, TransportError> {
+    let prefix = base.path().trim_end_matches('/');
+    let mut parts = base.clone().into_parts();
+    parts.path_and_query = Some(
+        format!("{prefix}{path_and_query}")
+            .parse()
+            .map_err(|e| TransportError::Connection(format!("bad request path: {e}")))?,
+    );
+    Uri::from_parts(parts).map_err(|e| TransportError::Connection(format!("bad URL: {e}")))
+}
+
 impl ChatTransport for HyperTransport {
     fn post(&self, body: Bytes) -> BoxFuture<'_, Result<HttpResponse, TransportError>> {
-        Box::pin(async move {
-            let mut req = Request::builder()
-                .method(Method::POST)
-                .uri(self.uri.clone())
-                .header(hyper::header::CONTENT_TYPE, "application/json")
-                .header(hyper::header::ACCEPT, "application/json")
-                .header(hyper::header::USER_AGENT, self.user_agent);
-            if let Some(key) = &self.auth {
-                let mut value =
-                    hyper::header::HeaderValue::from_str(&format!("Bearer {}", key.expose()))
-                        .map_err(|_| {
-                            TransportError::Connection("API key is not a valid header value".into())
-                        })?;
-                value.set_sensitive(true);
-                req = req.header(hyper::header::AUTHORIZATION, value);
-            }
-            let req = req
-                .body(Full::new(body))
-                .map_err(|e| TransportError::Connection(e.to_string()))?;
-            let resp = self
-                .client
-                .request(req)
-                .await
-                .map_err(|e| TransportError::Connection(error_chain(&e)))?;
-            let status = resp.status();
-            let retry_after_secs = resp
-                .headers()
-                .get(hyper::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok());
-            let body = Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
-                .collect()
-                .await
-                .map_err(|e| {
-                    if e.is::<http_body_util::LengthLimitError>() {
-                        TransportError::TooLarge
-                    } else {
-                        TransportError::Connection(e.to_string())
-                    }
-                })?
-                .to_bytes();
-            Ok(HttpResponse {
-                status: status.as_u16(),
-                retry_after_secs,
-                body,
-            })
-        })
+        Box::pin(self.request(Method::POST, self.uri.clone(), Some(body)))
     }
 }
 
@@ -224,6 +264,19 @@ mod tests {
         .expect("client");
         let debug = format!("{t:?}");
         assert!(!debug.contains("XYZ"), "{debug}");
+    }
+
+    #[test]
+    fn send_paths_go_under_the_base_url() {
+        let base: Uri = "https://h.example/warden/".parse().expect("valid");
+        let joined = join(&base, "/api/v1/incidents?state=open").expect("joins");
+        assert_eq!(
+            joined.to_string(),
+            "https://h.example/warden/api/v1/incidents?state=open"
+        );
+        let base: Uri = "http://127.0.0.1:9460".parse().expect("valid");
+        let joined = join(&base, "/api/v1/nodes").expect("joins");
+        assert_eq!(joined.to_string(), "http://127.0.0.1:9460/api/v1/nodes");
     }
 
     #[test]
