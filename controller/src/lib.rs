@@ -13,6 +13,7 @@ pub mod engine;
 pub mod incidents;
 pub mod lifecycle;
 pub mod metrics;
+pub mod openapi;
 pub mod operate;
 pub mod persist;
 pub mod state;
