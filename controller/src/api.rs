@@ -508,8 +508,13 @@ async fn get_incident(
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct AckBody {
-    /// A note for the timeline.
+    /// A note for the timeline: at most 1024 characters, no control characters but
+    /// newline and tab.
     #[serde(default)]
+    #[schema(
+        max_length = 1024,
+        pattern = r"^[^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*$"
+    )]
     note: String,
 }
 
@@ -517,7 +522,13 @@ struct AckBody {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ResolveBody {
-    /// Why it is over.
+    /// Why it is over: at most 1024 characters, not blank, no control characters but
+    /// newline and tab.
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = r"^[^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F][^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*$"
+    )]
     reason: String,
 }
 
@@ -525,7 +536,13 @@ struct ResolveBody {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct DrainBody {
-    /// Why the node is taken out of scheduling.
+    /// Why the node is taken out of scheduling: at most 1024 characters, not blank, no
+    /// control characters but newline and tab.
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = r"^[^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F][^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*$"
+    )]
     reason: String,
     /// The incident behind the drain, if any.
     #[serde(default)]
@@ -687,7 +704,8 @@ async fn list_nodes(State(s): State<ApiState>) -> Result<Json<Vec<NodeView>>, Ap
     post,
     path = "/api/v1/nodes/{name}/drain",
     tag = "nodes",
-    params(("name" = String, Path, description = "Node name.")),
+    params(("name" = String, Path, description = "Node name (DNS-1123).", max_length = 253,
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")),
     request_body(content = DrainBody, content_type = "application/json"),
     responses(
         (status = 201, description = "Drained.", body = NodeView),
@@ -726,7 +744,8 @@ async fn drain_node(
     delete,
     path = "/api/v1/nodes/{name}/drain",
     tag = "nodes",
-    params(("name" = String, Path, description = "Node name.")),
+    params(("name" = String, Path, description = "Node name (DNS-1123).", max_length = 253,
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")),
     request_body(content = Option<UndrainBody>, content_type = "application/json"),
     responses(
         (status = 204, description = "Given back."),

@@ -19,7 +19,7 @@ use support::{free_port, http_get};
 
 /// Test cases per operation and phase: enough to reach odd inputs everywhere, few
 /// enough to finish in a minute or two on two cores.
-const MAX_EXAMPLES: &str = "40";
+const MAX_EXAMPLES: &str = "100";
 
 /// Fixed seed, so a run can be repeated exactly.
 const SEED: &str = "20260101";

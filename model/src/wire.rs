@@ -181,9 +181,14 @@ wire_enum! {
 pub struct Batch {
     /// Wire version (JSON form only; the binary form carries it in the envelope).
     #[prost(uint32, tag = "15")]
+    #[cfg_attr(feature = "openapi", schema(required = true, minimum = 1, maximum = 1))]
     pub version: u32,
     /// Node the agent runs on.
     #[prost(string, tag = "1")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(required = true, min_length = 1, max_length = 253)
+    )]
     pub node: String,
     /// The agent's instance id (changes when the agent restarts).
     #[prost(string, tag = "2")]
@@ -196,6 +201,7 @@ pub struct Batch {
     pub seq: u64,
     /// Agent clock when the batch was sent, ns since the Unix epoch.
     #[prost(int64, tag = "5")]
+    #[cfg_attr(feature = "openapi", schema(required = true, minimum = 1))]
     pub sent_at_ns: i64,
     /// Per-job signals.
     #[prost(message, repeated, tag = "6")]
