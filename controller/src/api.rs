@@ -19,6 +19,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use warden_model::wire::Batch;
 use warden_model::{IncidentKind, IncidentState};
 
 use crate::auth::{Auth, Need, Principal, Refusal};
@@ -65,14 +67,16 @@ pub struct ApiState {
 }
 
 /// An error answer: a status and a JSON body.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct ApiError {
     #[serde(skip)]
     status: StatusCode,
     /// What went wrong, in words.
     pub error: String,
-    /// A bounded label for decode errors.
+    /// A bounded label for decode errors of `POST /api/v1/ingest`: `truncated`,
+    /// `bad_magic`, `unsupported_version` or `malformed`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     pub reason: Option<&'static str>,
 }
 
@@ -93,7 +97,7 @@ impl IntoResponse for ApiError {
 }
 
 /// The answer to a successful ingest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct IngestResponse {
     /// Records applied.
     pub accepted: usize,
@@ -262,6 +266,33 @@ fn encoding_of(headers: &HeaderMap) -> Result<Encoding, ApiError> {
     }
 }
 
+/// A batch in the binary form (the document's name for it): the 9-byte envelope, then
+/// the protobuf payload.
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)]
+struct BinaryBatch(Vec<u8>);
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/ingest",
+    tag = "ingest",
+    request_body(
+        description = "One batch (docs/WIRE.md): binary (envelope + protobuf) or its JSON form.",
+        content(
+            (BinaryBatch = "application/vnd.warden.batch"),
+            (BinaryBatch = "application/octet-stream"),
+            (BinaryBatch = "application/x-protobuf"),
+            (Batch = "application/json"),
+        ),
+    ),
+    responses(
+        (status = 200, description = "The batch was decoded and applied.", body = IngestResponse),
+        (status = 400, description = "The batch could not be decoded; nothing of it is applied. `reason` says why.", body = ApiError),
+        (status = 413, description = "The body is larger than `max_batch_bytes`.", body = ApiError),
+        (status = 415, description = "Another or no `Content-Type`.", body = ApiError),
+    ),
+)]
 #[tracing::instrument(name = "ingest", skip_all)]
 async fn ingest(
     State(s): State<ApiState>,
@@ -298,15 +329,25 @@ async fn ingest(
     }
 }
 
-/// Filters and paging of `GET /api/v1/incidents`.
-#[derive(Debug, Default, Deserialize)]
+/// Filters and paging of `GET /api/v1/incidents`; an empty value is the same as none.
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct IncidentQuery {
+    /// Only incidents in this state.
+    #[param(value_type = Option<IncidentState>)]
     state: Option<String>,
+    /// Only incidents of this kind.
+    #[param(value_type = Option<IncidentKind>)]
     kind: Option<String>,
+    /// Only incidents of this job (exact match).
     job: Option<String>,
+    /// Only incidents naming this node.
     node: Option<String>,
+    /// Start after this incident id: the `X-Warden-Next-After` header of the last page.
     after: Option<String>,
+    /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 
@@ -373,6 +414,18 @@ fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
 
 /// Incidents, oldest first, a page at a time: when the page is full, the
 /// `X-Warden-Next-After` header holds the `after` value of the next page.
+#[utoipa::path(
+    get,
+    path = "/api/v1/incidents",
+    tag = "incidents",
+    params(IncidentQuery),
+    responses(
+        (status = 200, description = "Incidents, oldest first.", body = [IncidentView],
+            headers(("X-Warden-Next-After" = String, description = "When the page is full: the `after` value of the next page."))),
+        (status = 400, description = "A filter or `limit` has a value it cannot have (named).", body = ApiError),
+        (status = 503, description = "The incident store is unavailable.", body = ApiError),
+    ),
+)]
 async fn list_incidents(
     State(s): State<ApiState>,
     query: Result<Query<IncidentQuery>, QueryRejection>,
@@ -411,13 +464,30 @@ async fn list_incidents(
         .then(|| found.last().map(|i| i.id.clone()))
         .flatten();
     let views: Vec<IncidentView> = found.iter().map(|i| IncidentView::new(i, origin)).collect();
-    let mut resp = Json(views).into_response();
+    Ok(with_next_after(Json(views).into_response(), next))
+}
+
+/// `resp` with the `X-Warden-Next-After` header set to `next`, when there is a next page.
+fn with_next_after(mut resp: Response, next: Option<String>) -> Response {
     if let Some(v) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
         resp.headers_mut().insert("x-warden-next-after", v);
     }
-    Ok(resp)
+    resp
 }
 
+/// One incident with its evidence and timeline.
+#[utoipa::path(
+    get,
+    path = "/api/v1/incidents/{id}",
+    tag = "incidents",
+    params(("id" = String, Path, description = "Incident id.")),
+    responses(
+        (status = 200, description = "The incident.", body = IncidentView),
+        (status = 400, description = "The path does not decode.", body = ApiError),
+        (status = 404, description = "No such incident.", body = ApiError),
+        (status = 503, description = "The incident store is unavailable.", body = ApiError),
+    ),
+)]
 async fn get_incident(
     State(s): State<ApiState>,
     id: Result<Path<String>, PathRejection>,
@@ -439,34 +509,56 @@ async fn get_incident(
     }
 }
 
-/// Body of `POST /api/v1/incidents/{id}/ack`.
-#[derive(Debug, Default, Deserialize)]
+/// Body of `POST /api/v1/incidents/{id}/ack` (optional).
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct AckBody {
+    /// A note for the timeline: at most 1024 characters, no control characters but
+    /// newline and tab.
     #[serde(default)]
+    #[schema(
+        max_length = 1024,
+        pattern = r"^[^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*$"
+    )]
     note: String,
 }
 
 /// Body of `POST /api/v1/incidents/{id}/resolve`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ResolveBody {
+    /// Why it is over: at most 1024 characters, not blank, no control characters but
+    /// newline and tab.
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = r"^[^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F][^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*$"
+    )]
     reason: String,
 }
 
 /// Body of `POST /api/v1/nodes/{name}/drain`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct DrainBody {
+    /// Why the node is taken out of scheduling: at most 1024 characters, not blank, no
+    /// control characters but newline and tab.
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = r"^[^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F][^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*$"
+    )]
     reason: String,
+    /// The incident behind the drain, if any.
     #[serde(default)]
     incident: Option<String>,
 }
 
 /// Body of `DELETE /api/v1/nodes/{name}/drain` (optional).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct UndrainBody {
+    /// Why the node is given back.
     #[serde(default)]
     reason: String,
 }
@@ -486,13 +578,22 @@ fn json_body<T: serde::de::DeserializeOwned>(
         }
         Err(r) => return Err(ApiError::new(r.status(), r.body_text())),
     };
-    if bytes.iter().all(u8::is_ascii_whitespace) {
+    // No body, or JSON `null`, is the default where the body is optional.
+    if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
         if let Some(v) = empty {
             return Ok(v);
         }
     }
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+}
+
+/// A path parameter, recorded on the current span as `field`, or the 400 answer when
+/// it does not decode.
+fn path_param(p: Result<Path<String>, PathRejection>, field: &str) -> Result<String, ApiError> {
+    let Path(v) = p.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
+    tracing::Span::current().record(field, v.as_str());
+    Ok(v)
 }
 
 fn operate_error(e: OperateError) -> ApiError {
@@ -510,13 +611,30 @@ async fn incident_after(s: &ApiState, id: &str) -> Result<Json<IncidentView>, Ap
     get_incident(State(s.clone()), Ok(Path(id.to_owned()))).await
 }
 
-#[tracing::instrument(name = "ack", skip_all, fields(incident = %id, actor = %who.name))]
+/// Acknowledge an incident: someone is on it.
+#[utoipa::path(
+    post,
+    path = "/api/v1/incidents/{id}/ack",
+    tag = "incidents",
+    params(("id" = String, Path, description = "Incident id.")),
+    request_body(content = Option<AckBody>, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Acknowledged; the incident as it is now.", body = IncidentView),
+        (status = 400, description = "The body is not a valid request.", body = ApiError),
+        (status = 404, description = "No such incident.", body = ApiError),
+        (status = 409, description = "The incident is resolved.", body = ApiError),
+        (status = 413, description = "The body is larger than 16 KiB.", body = ApiError),
+        (status = 503, description = "The incident store is unavailable.", body = ApiError),
+    ),
+)]
+#[tracing::instrument(name = "ack", skip_all, fields(incident, actor = %who.name))]
 async fn ack_incident(
     State(s): State<ApiState>,
     Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<IncidentView>, ApiError> {
+    let id = path_param(id, "incident")?;
     let b: AckBody = json_body(&body, Some(AckBody::default()))?;
     let now = s.clock.now();
     s.operator
@@ -527,13 +645,30 @@ async fn ack_incident(
     incident_after(&s, &id).await
 }
 
-#[tracing::instrument(name = "resolve", skip_all, fields(incident = %id, actor = %who.name))]
+/// Resolve an incident by hand.
+#[utoipa::path(
+    post,
+    path = "/api/v1/incidents/{id}/resolve",
+    tag = "incidents",
+    params(("id" = String, Path, description = "Incident id.")),
+    request_body(content = ResolveBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Resolved; the incident as it is now.", body = IncidentView),
+        (status = 400, description = "The body is not a valid request.", body = ApiError),
+        (status = 404, description = "No such incident.", body = ApiError),
+        (status = 409, description = "The incident is already resolved.", body = ApiError),
+        (status = 413, description = "The body is larger than 16 KiB.", body = ApiError),
+        (status = 503, description = "The incident store is unavailable.", body = ApiError),
+    ),
+)]
+#[tracing::instrument(name = "resolve", skip_all, fields(incident, actor = %who.name))]
 async fn resolve_incident(
     State(s): State<ApiState>,
     Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<IncidentView>, ApiError> {
+    let id = path_param(id, "incident")?;
     let b: ResolveBody = json_body(&body, None)?;
     let now = s.clock.now();
     s.operator
@@ -544,6 +679,16 @@ async fn resolve_incident(
     incident_after(&s, &id).await
 }
 
+/// Every node an agent reports from and every node Warden holds drained, by name.
+#[utoipa::path(
+    get,
+    path = "/api/v1/nodes",
+    tag = "nodes",
+    responses(
+        (status = 200, description = "Nodes, by name.", body = [NodeView]),
+        (status = 503, description = "The incident store is unavailable.", body = ApiError),
+    ),
+)]
 async fn list_nodes(State(s): State<ApiState>) -> Result<Json<Vec<NodeView>>, ApiError> {
     let now = s.clock.now();
     let drained = s
@@ -559,13 +704,31 @@ async fn list_nodes(State(s): State<ApiState>) -> Result<Json<Vec<NodeView>>, Ap
     Ok(Json(NodeView::merge(&agents, &drained, origin)))
 }
 
-#[tracing::instrument(name = "drain", skip_all, fields(node = %name, actor = %who.name))]
+/// Take a node out of scheduling.
+#[utoipa::path(
+    post,
+    path = "/api/v1/nodes/{name}/drain",
+    tag = "nodes",
+    params(("name" = String, Path, description = "Node name (DNS-1123).", max_length = 253,
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")),
+    request_body(content = DrainBody, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Drained.", body = NodeView),
+        (status = 400, description = "The body or node name is not valid.", body = ApiError),
+        (status = 404, description = "The incident named in the body does not exist.", body = ApiError),
+        (status = 409, description = "The node is already drained.", body = ApiError),
+        (status = 413, description = "The body is larger than 16 KiB.", body = ApiError),
+        (status = 503, description = "The incident store is unavailable.", body = ApiError),
+    ),
+)]
+#[tracing::instrument(name = "drain", skip_all, fields(node, actor = %who.name))]
 async fn drain_node(
     State(s): State<ApiState>,
     Extension(who): Extension<Principal>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<NodeView>), ApiError> {
+    let name = path_param(name, "node")?;
     let b: DrainBody = json_body(&body, None)?;
     let now = s.clock.now();
     let rec: NodeRecord = s
@@ -581,13 +744,30 @@ async fn drain_node(
     ))
 }
 
-#[tracing::instrument(name = "undrain", skip_all, fields(node = %name, actor = %who.name))]
+/// Give a drained node back to scheduling.
+#[utoipa::path(
+    delete,
+    path = "/api/v1/nodes/{name}/drain",
+    tag = "nodes",
+    params(("name" = String, Path, description = "Node name (DNS-1123).", max_length = 253,
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")),
+    request_body(content = Option<UndrainBody>, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Given back."),
+        (status = 400, description = "The body or node name is not valid.", body = ApiError),
+        (status = 404, description = "The node is not drained.", body = ApiError),
+        (status = 413, description = "The body is larger than 16 KiB.", body = ApiError),
+        (status = 503, description = "The incident store is unavailable.", body = ApiError),
+    ),
+)]
+#[tracing::instrument(name = "undrain", skip_all, fields(node, actor = %who.name))]
 async fn undrain_node(
     State(s): State<ApiState>,
     Extension(who): Extension<Principal>,
-    Path(name): Path<String>,
+    name: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode, ApiError> {
+    let name = path_param(name, "node")?;
     let b: UndrainBody = json_body(&body, Some(UndrainBody::default()))?;
     let now = s.clock.now();
     s.operator
@@ -599,18 +779,36 @@ async fn undrain_node(
 }
 
 /// Paging and filter of `GET /api/v1/actions`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ActionQuery {
+    /// Start after this action id: the `X-Warden-Next-After` header of the last page.
     after: Option<String>,
+    /// Only actions on this node or incident.
     target: Option<String>,
+    /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
 }
 
+/// The audit log: actions in the order they were recorded, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/api/v1/actions",
+    tag = "admin",
+    params(ActionQuery),
+    responses(
+        (status = 200, description = "Actions, oldest first.", body = [ActionRecord],
+            headers(("X-Warden-Next-After" = String, description = "When the page is full: the `after` value of the next page."))),
+        (status = 400, description = "A parameter has a value it cannot have (named).", body = ApiError),
+        (status = 503, description = "The incident store is unavailable.", body = ApiError),
+    ),
+)]
 async fn list_actions(
     State(s): State<ApiState>,
     query: Result<Query<ActionQuery>, QueryRejection>,
-) -> Result<Json<Vec<ActionRecord>>, ApiError> {
+) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
     let limit = page_limit(q.limit)?;
     let actions = s
@@ -619,11 +817,14 @@ async fn list_actions(
         .actions(q.after.as_deref(), q.target.as_deref(), limit)
         .await
         .map_err(|e| store_error(&e))?;
-    Ok(Json(actions))
+    let next = (actions.len() == limit as usize)
+        .then(|| actions.last().map(|a| a.id.clone()))
+        .flatten();
+    Ok(with_next_after(Json(actions).into_response(), next))
 }
 
 /// The caller, as the API sees them.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct WhoAmI {
     /// The token's name.
     pub name: String,
@@ -631,6 +832,13 @@ pub struct WhoAmI {
     pub role: crate::auth::Role,
 }
 
+/// The caller: the name and role of the token.
+#[utoipa::path(
+    get,
+    path = "/api/v1/whoami",
+    tag = "admin",
+    responses((status = 200, description = "Who is calling.", body = WhoAmI)),
+)]
 async fn whoami(Extension(who): Extension<Principal>) -> Json<WhoAmI> {
     Json(WhoAmI {
         name: who.name,
@@ -639,6 +847,15 @@ async fn whoami(Extension(who): Extension<Principal>) -> Json<WhoAmI> {
 }
 
 /// Jobs: live from the engine on the leader; as last stored on a follower.
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs",
+    tag = "jobs",
+    responses(
+        (status = 200, description = "Jobs.", body = [JobView]),
+        (status = 503, description = "The store is unavailable (follower).", body = ApiError),
+    ),
+)]
 async fn list_jobs(State(s): State<ApiState>) -> Result<Json<Vec<JobView>>, ApiError> {
     if s.operator.leadership.is_leader() {
         return Ok(Json(s.engine.lock().job_views()));
@@ -652,6 +869,19 @@ async fn list_jobs(State(s): State<ApiState>) -> Result<Json<Vec<JobView>>, ApiE
     ))
 }
 
+/// Live progress of every rank of a job.
+#[utoipa::path(
+    get,
+    path = "/api/v1/jobs/{job}/ranks",
+    tag = "jobs",
+    params(("job" = String, Path, description = "Job name.")),
+    responses(
+        (status = 200, description = "One entry per rank.", body = [RankView]),
+        (status = 400, description = "The path does not decode.", body = ApiError),
+        (status = 404, description = "No such job.", body = ApiError),
+        (status = 503, description = "This controller follows; the leader holds live progress.", body = ApiError),
+    ),
+)]
 async fn job_ranks(
     State(s): State<ApiState>,
     job: Result<Path<String>, PathRejection>,
@@ -675,11 +905,12 @@ async fn job_ranks(
 }
 
 /// The answer to an accepted lifecycle report.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct LifecycleResponse {
     /// The Warden job.
     pub job: String,
     /// `start` or `end`.
+    #[schema(value_type = lifecycle::LifecycleEvent)]
     pub event: String,
     /// The job's phase now.
     pub phase: Phase,
@@ -687,6 +918,21 @@ pub struct LifecycleResponse {
     pub repeat: bool,
 }
 
+/// A scheduler says a job started or ended.
+#[utoipa::path(
+    post,
+    path = "/api/v1/jobs/{job}/lifecycle",
+    tag = "jobs",
+    params(("job" = String, Path, description = "Warden job name: 1 to 253 bytes without whitespace, control characters or `/`.")),
+    request_body(content = lifecycle::Body, content_type = "application/json"),
+    responses(
+        (status = 202, description = "Recorded (or a repeat, which changes nothing).", body = LifecycleResponse),
+        (status = 400, description = "A bad job name or body; the error names the field.", body = ApiError),
+        (status = 404, description = "An empty job name (no route).", body = ApiError),
+        (status = 413, description = "The body is larger than 8 MiB.", body = ApiError),
+        (status = 415, description = "A `Content-Type` other than `application/json`, or none.", body = ApiError),
+    ),
+)]
 #[tracing::instrument(name = "lifecycle", skip_all, fields(job))]
 async fn job_lifecycle(
     State(s): State<ApiState>,
@@ -748,10 +994,27 @@ async fn job_lifecycle(
     ))
 }
 
+/// Liveness: `ok` while the process serves HTTP.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "probes",
+    responses((status = 200, description = "Alive.", body = String, content_type = "text/plain")),
+)]
 async fn healthz() -> &'static str {
     "ok"
 }
 
+/// Readiness: `ready` when the engine can be locked within 2 seconds.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "probes",
+    responses(
+        (status = 200, description = "Ready.", body = String, content_type = "text/plain"),
+        (status = 503, description = "The engine is stuck or overloaded.", body = ApiError),
+    ),
+)]
 async fn readyz(State(s): State<ApiState>) -> Result<&'static str, ApiError> {
     let engine = s.engine.clone();
     let taken = tokio::task::spawn_blocking(move || drop(engine.lock()));
@@ -768,6 +1031,16 @@ async fn readyz(State(s): State<ApiState>) -> Result<&'static str, ApiError> {
     }
 }
 
+/// Prometheus metrics (docs/METRICS.md), text exposition format 0.0.4.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "probes",
+    responses(
+        (status = 200, description = "Metrics.", body = String, content_type = "text/plain"),
+        (status = 500, description = "The metrics could not be rendered.", body = ApiError),
+    ),
+)]
 async fn render_metrics(State(s): State<ApiState>) -> Result<Response, ApiError> {
     let now = s.clock.now();
     s.metrics.update(&s.engine.lock(), now);

@@ -50,6 +50,9 @@ struct Extra {
     root_evidence: Vec<Evidence>,
     attached: Vec<(String, Evidence)>,
     fatal: bool,
+    /// When a person resolved it, if they did: the same finding (an onset no later
+    /// than this) then keeps it resolved instead of reopening it.
+    resolved_by_hand: Option<Timestamp>,
 }
 
 /// Why a person's step on an incident was refused.
@@ -180,6 +183,13 @@ impl IncidentBook {
                 root_evidence: inc.evidence.clone(),
                 attached: Vec::new(),
                 fatal,
+                resolved_by_hand: inc
+                    .timeline
+                    .iter()
+                    .rev()
+                    .find(|e| e.what.starts_with("resolved by "))
+                    .filter(|_| inc.state == IncidentState::Resolved)
+                    .map(|e| e.at),
             });
             self.incidents.push(inc);
             n += 1;
@@ -233,6 +243,7 @@ impl IncidentBook {
         inc.resolved_at = Some(now);
         inc.updated_at = now;
         push_timeline(inc, now, format!("resolved by {actor}: {reason}"));
+        self.extra[i].resolved_by_hand = Some(now);
         Ok(IncidentChange {
             id: id.to_owned(),
             change: Change::Resolved,
@@ -439,6 +450,7 @@ impl IncidentBook {
             root_evidence: f.evidence,
             attached: Vec::new(),
             fatal,
+            resolved_by_hand: None,
         });
         IncidentChange {
             id,
@@ -448,6 +460,13 @@ impl IncidentBook {
 
     fn refresh(&mut self, i: usize, f: Finding, now: Timestamp) -> Option<IncidentChange> {
         let extra = &mut self.extra[i];
+        if self.incidents[i].state == IncidentState::Resolved
+            && extra.resolved_by_hand.is_some_and(|t| f.onset <= t)
+        {
+            // A person resolved it while this very condition was known: absorbed.
+            extra.last_refresh = now;
+            return None;
+        }
         extra.last_refresh = now;
         extra.fatal |= f.kind == IncidentKind::GpuFault && f.confidence >= 0.99;
         extra.root_evidence = f.evidence;
@@ -617,6 +636,45 @@ mod tests {
 
     fn fold(book: &mut IncidentBook, now: f64, fs: Vec<Finding>) -> Vec<IncidentChange> {
         book.fold(Verdicts { findings: fs }, t(now))
+    }
+
+    #[test]
+    fn a_hand_resolved_incident_stays_resolved_until_the_fault_comes_back() {
+        let mut b = IncidentBook::default();
+        let f = finding(IncidentKind::GpuFault, &[7], "node-3", Some(3), 0.0, 0.99);
+        let id = fold(&mut b, 1.0, vec![f.clone()])[0].id.clone();
+        let c = b
+            .resolve_by(&id, "alice", "GPU replaced", t(2.0))
+            .expect("live");
+        assert_eq!(c.change, Change::Resolved);
+        assert_eq!(
+            b.resolve_by(&id, "alice", "again", t(2.5)),
+            Err(ManualError::Resolved)
+        );
+        // The detector still reports the same fault: absorbed, not reopened.
+        assert!(fold(&mut b, 3.0, vec![f.clone()]).is_empty());
+        assert_eq!(b.get(&id).map(|i| i.state), Some(IncidentState::Resolved));
+        // A fault that began after the resolve reopens it.
+        let again = finding(IncidentKind::GpuFault, &[7], "node-3", Some(3), 4.0, 0.99);
+        let changes = fold(&mut b, 5.0, vec![again]);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(b.get(&id).map(|i| i.state), Some(IncidentState::Open));
+        assert_eq!(b.all().len(), 1);
+        // Acknowledging is idempotent.
+        assert!(
+            b.acknowledge(&id, "bob", "", t(6.0))
+                .expect("live")
+                .is_some()
+        );
+        assert!(
+            b.acknowledge(&id, "bob", "", t(7.0))
+                .expect("live")
+                .is_none()
+        );
+        assert_eq!(
+            b.acknowledge("nope", "bob", "", t(7.0)),
+            Err(ManualError::Unknown)
+        );
     }
 
     #[test]

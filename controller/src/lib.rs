@@ -15,6 +15,7 @@ pub mod incidents;
 pub mod leader;
 pub mod lifecycle;
 pub mod metrics;
+pub mod openapi;
 pub mod operate;
 pub mod persist;
 pub mod state;

@@ -75,6 +75,9 @@ enum Command {
         #[arg(long)]
         role: Role,
     },
+    /// Print the OpenAPI document of the HTTP API (what docs/openapi.json holds):
+    /// `warden-controller openapi > docs/openapi.json`.
+    Openapi,
 }
 
 fn init_logging(format: LogFormat) {
@@ -111,6 +114,10 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(Command::Token { name, role }) = &args.command {
         return make_token(name, *role);
+    }
+    if let Some(Command::Openapi) = &args.command {
+        print!("{}", warden_controller::openapi::openapi_json());
+        return ExitCode::SUCCESS;
     }
     init_logging(args.log_format);
     let overrides = Overrides {

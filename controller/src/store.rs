@@ -142,7 +142,7 @@ pub struct IncidentFilter {
 }
 
 /// What an action is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
     /// Take a node out of scheduling (`POST /nodes/{name}/drain`).
@@ -183,7 +183,7 @@ impl FromStr for ActionKind {
 }
 
 /// Where an action stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionStatus {
     /// Recorded, not yet known to have run.
@@ -218,7 +218,7 @@ impl FromStr for ActionStatus {
 }
 
 /// One entry of the audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ActionRecord {
     /// Stable id.
     pub id: String,

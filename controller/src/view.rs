@@ -10,7 +10,7 @@ use warden_model::{
 };
 
 /// An incident as the API and reports show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct IncidentView {
     /// Stable identifier.
     pub id: String,
@@ -51,7 +51,7 @@ pub struct IncidentView {
 }
 
 /// One piece of evidence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EvidenceView {
     /// Seconds since origin.
     pub at_s: f64,
@@ -60,7 +60,7 @@ pub struct EvidenceView {
 }
 
 /// One timeline entry.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TimelineView {
     /// Seconds since origin.
     pub at_s: f64,
@@ -114,7 +114,7 @@ impl IncidentView {
 }
 
 /// Live progress of one rank (`GET /api/v1/jobs/{job}/ranks`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RankView {
     /// Global rank.
     pub rank: u32,
@@ -144,7 +144,7 @@ pub struct RankView {
 }
 
 /// A rank's progress in one communicator.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CommProgressView {
     /// Communicator hash (hex).
     pub comm: String,
@@ -159,7 +159,7 @@ pub struct CommProgressView {
 }
 
 /// A job as `GET /api/v1/jobs` lists it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JobView {
     /// Job name.
     pub job: String,
@@ -208,7 +208,7 @@ pub struct JobView {
 
 /// A node as `GET /api/v1/nodes` lists it: every node an agent reports from, and every
 /// node Warden holds drained.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeView {
     /// Node name.
     pub name: String,

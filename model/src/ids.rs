@@ -26,9 +26,11 @@ impl fmt::Display for CommId {
 }
 
 /// One GPU: the node it is in and its index there.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct GpuRef {
     /// Node the GPU is in.
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub node: NodeName,
     /// NVML / CUDA index of the GPU on that node.
     pub index: u32,

@@ -10,6 +10,7 @@ use crate::ids::{GpuRef, JobId, NodeName, Rank};
 use crate::time::Timestamp;
 
 /// What went wrong.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IncidentKind {
@@ -80,6 +81,7 @@ impl FromStr for IncidentKind {
 }
 
 /// How bad it is.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
 )]
@@ -154,6 +156,7 @@ impl Finding {
 }
 
 /// Where an incident is in its life.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IncidentState {
@@ -249,6 +252,7 @@ pub struct Incident {
 /// The log diagnosis attached to an incident: category and fault locus (the labels of
 /// the diagnosis crate, kept as strings here so the model depends on nothing), culprit,
 /// confidence, the evidence lines and an explanation citing them.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct IncidentDiagnosis {
     /// Failure category, e.g. `gpu_hardware_xid`; `None` when the logs do not say.
@@ -257,8 +261,10 @@ pub struct IncidentDiagnosis {
     /// infrastructure.
     pub fault_locus: Option<String>,
     /// Culprit ranks the logs name.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<u32>))]
     pub ranks: Vec<Rank>,
     /// Culprit nodes (or addresses) the logs name.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub nodes: Vec<NodeName>,
     /// Culprit GPUs as the logs name them (index, PCI bus id or UUID).
     pub gpus: Vec<String>,
@@ -277,19 +283,23 @@ pub struct IncidentDiagnosis {
     /// Lines read to reach it, and from how many nodes.
     pub lines_read: u64,
     /// Nodes whose logs were read.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub nodes_read: Vec<NodeName>,
 }
 
 /// One line cited by a diagnosis.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DiagnosisEvidence {
     /// The line's id in the diagnosed input (cited by the explanation).
     pub id: u64,
     /// Node it came from, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub node: Option<NodeName>,
     /// Rank that printed it, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u32>))]
     pub rank: Option<Rank>,
     /// The line.
     pub text: String,

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A point in time, nanoseconds since the Unix epoch.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
 )]

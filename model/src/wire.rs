@@ -175,14 +175,20 @@ wire_enum! {
 }
 
 /// Everything one agent sends in one flush.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Batch {
     /// Wire version (JSON form only; the binary form carries it in the envelope).
     #[prost(uint32, tag = "15")]
+    #[cfg_attr(feature = "openapi", schema(required = true, minimum = 1, maximum = 1))]
     pub version: u32,
     /// Node the agent runs on.
     #[prost(string, tag = "1")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(required = true, min_length = 1, max_length = 253)
+    )]
     pub node: String,
     /// The agent's instance id (changes when the agent restarts).
     #[prost(string, tag = "2")]
@@ -195,6 +201,7 @@ pub struct Batch {
     pub seq: u64,
     /// Agent clock when the batch was sent, ns since the Unix epoch.
     #[prost(int64, tag = "5")]
+    #[cfg_attr(feature = "openapi", schema(required = true, minimum = 1))]
     pub sent_at_ns: i64,
     /// Per-job signals.
     #[prost(message, repeated, tag = "6")]
@@ -211,6 +218,7 @@ pub struct Batch {
 }
 
 /// Signals about one job's ranks on this node.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct JobSignals {
@@ -238,6 +246,7 @@ pub struct JobSignals {
 }
 
 /// A rank running on this node.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RankInfo {
@@ -259,6 +268,7 @@ pub struct RankInfo {
 }
 
 /// A communicator this rank belongs to.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CommInfo {
@@ -281,6 +291,7 @@ pub struct CommInfo {
 
 /// One collective of one rank: started (`end_ns == 0`, still in flight when the batch
 /// was cut) or completed.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CollectiveEvent {
@@ -296,6 +307,7 @@ pub struct CollectiveEvent {
     /// Operation.
     #[prost(enumeration = "CollOp", tag = "4")]
     #[serde(serialize_with = "ser_op", deserialize_with = "de_op")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub op: i32,
     /// Payload bytes.
     #[prost(uint64, tag = "5")]
@@ -319,6 +331,7 @@ impl CollectiveEvent {
 }
 
 /// Training progress reported by a rank.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct TrainingMetric {
@@ -346,6 +359,7 @@ pub struct TrainingMetric {
 }
 
 /// A rank's process started, stopped, continued or exited.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ProcessState {
@@ -373,6 +387,7 @@ pub struct ProcessState {
 }
 
 /// A line of a rank's output.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct LogRecord {
@@ -385,6 +400,7 @@ pub struct LogRecord {
     /// Stream.
     #[prost(enumeration = "LogStream", tag = "3")]
     #[serde(serialize_with = "ser_stream", deserialize_with = "de_stream")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub stream: i32,
     /// The line (capped by the agent).
     #[prost(string, tag = "4")]
@@ -392,6 +408,7 @@ pub struct LogRecord {
 }
 
 /// One NVML reading of one GPU.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GpuSample {
@@ -425,6 +442,7 @@ pub struct GpuSample {
 }
 
 /// A hardware or kernel event seen on the node.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct NodeEvent {
@@ -438,10 +456,12 @@ pub struct NodeEvent {
     /// Kind.
     #[prost(enumeration = "NodeEventKind", tag = "3")]
     #[serde(serialize_with = "ser_event_kind", deserialize_with = "de_event_kind")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub kind: i32,
     /// Severity.
     #[prost(enumeration = "EventSeverity", tag = "4")]
     #[serde(serialize_with = "ser_severity", deserialize_with = "de_severity")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub severity: i32,
     /// GPU index, when the event names a GPU.
     #[prost(uint32, optional, tag = "5")]
@@ -461,6 +481,7 @@ pub struct NodeEvent {
 }
 
 /// The agent's own state, sent with every batch.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Heartbeat {
