@@ -109,27 +109,9 @@ impl Drop for Killed {
 }
 
 fn agent(dir: &Path, name: &str, port: u16, ca: Option<&Path>) -> AgentProc {
-    let d = dir.join(name);
-    std::fs::create_dir_all(&d).expect("agent dir");
-    std::fs::write(d.join("kern.log"), "").expect("kernel log");
-    std::fs::write(d.join("boot_id"), format!("boot-{name}\n")).expect("boot id");
-    let agent_port = free_port();
-    let cfg = d.join("agent.yaml");
     let ca_line = ca.map_or_else(String::new, |c| format!("  ca_file: {}\n", c.display()));
-    std::fs::write(
-        &cfg,
-        format!(
-            "node_name: {name}\nlisten: 127.0.0.1:{agent_port}\n\
-             controller:\n  url: https://localhost:{port}\n  flush_interval_ms: 100\n{ca_line}\
-             nvml:\n  enabled: false\n\
-             kmsg:\n  path: {}\n  boot_id_path: {}\n\
-             capture:\n  socket: {}\n",
-            d.join("kern.log").display(),
-            d.join("boot_id").display(),
-            d.join("capture.sock").display(),
-        ),
-    )
-    .expect("agent config");
+    let url = format!("https://localhost:{port}");
+    let (cfg, agent_port) = support::agent_config(dir, name, &url, &ca_line);
     AgentProc::start(&cfg, agent_port)
 }
 

@@ -102,26 +102,8 @@ impl Cluster {
         let agents = NODES
             .iter()
             .map(|node| {
-                let d = dir.path().join(node);
-                std::fs::create_dir_all(&d).expect("agent dir");
-                std::fs::write(d.join("kern.log"), "").expect("kernel log");
-                std::fs::write(d.join("boot_id"), format!("boot-{node}\n")).expect("boot id");
-                let agent_port = free_port();
-                let cfg = d.join("agent.yaml");
-                std::fs::write(
-                    &cfg,
-                    format!(
-                        "node_name: {node}\nlisten: 127.0.0.1:{agent_port}\n\
-                         controller:\n  url: http://127.0.0.1:{port}\n  flush_interval_ms: 100\n\
-                         nvml:\n  enabled: false\n\
-                         kmsg:\n  path: {}\n  boot_id_path: {}\n\
-                         capture:\n  socket: {}\n",
-                        d.join("kern.log").display(),
-                        d.join("boot_id").display(),
-                        d.join("capture.sock").display(),
-                    ),
-                )
-                .expect("agent config");
+                let url = format!("http://127.0.0.1:{port}");
+                let (cfg, agent_port) = support::agent_config(dir.path(), node, &url, "");
                 AgentProc::start(&cfg, agent_port)
             })
             .collect();

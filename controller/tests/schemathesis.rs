@@ -12,10 +12,10 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
-use support::{free_port, http_get};
+use support::Controller;
 
 /// Test cases per operation and phase: enough to reach odd inputs everywhere, few
 /// enough to finish in a minute or two on two cores.
@@ -65,62 +65,18 @@ fn schemathesis_bin() -> Option<PathBuf> {
     None
 }
 
-/// The controller binary with one admin token; killed on drop.
-struct Controller {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Controller {
-    fn start(token: &str) -> Controller {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let tokens = dir.path().join("tokens.yaml");
-        std::fs::write(
-            &tokens,
-            format!(
-                "tokens:\n  - name: schemathesis\n    role: admin\n    sha256: {}\n",
-                warden_controller::auth::hash_token(token)
-            ),
-        )
-        .expect("write the token file");
-        let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_warden-controller"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--tokens-file")
-            .arg(&tokens)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("warden-controller starts");
-        let mut c = Controller {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while http_get(port, "/healthz").is_none_or(|(s, _)| s != 200) {
-            if let Ok(Some(status)) = c.child.try_wait() {
-                panic!("warden-controller exited early: {status}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "warden-controller never answered"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        c
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The controller binary with one admin token (in `dir`).
+fn start_controller(token: &str, dir: &std::path::Path) -> Controller {
+    let tokens = dir.join("tokens.yaml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "tokens:\n  - name: schemathesis\n    role: admin\n    sha256: {}\n",
+            warden_controller::auth::hash_token(token)
+        ),
+    )
+    .expect("write the token file");
+    Controller::start_with(&[std::ffi::OsStr::new("--tokens-file"), tokens.as_os_str()])
 }
 
 #[test]
@@ -130,7 +86,8 @@ fn schemathesis_finds_no_server_error_and_no_schema_violation() {
     };
     let doc = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
     let token = "wdn_schemathesis_test_token";
-    let controller = Controller::start(token);
+    let tokens_dir = tempfile::tempdir().expect("temp dir");
+    let controller = start_controller(token, tokens_dir.path());
     // Its own working directory: schemathesis and Hypothesis write nothing into the
     // repository.
     let work = tempfile::tempdir().expect("temp dir");

@@ -5,7 +5,7 @@
 
 use std::io::Write;
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -164,4 +164,32 @@ impl Sink {
         }
         false
     }
+}
+
+/// Write the config of an agent named `name` under `dir/name` (an empty kernel log, a
+/// boot id, a capture socket, no NVML) shipping to `url` every 100 ms, with `extra`
+/// lines added to its `controller:` section. Returns the config file and the agent's
+/// port.
+pub fn agent_config(dir: &Path, name: &str, url: &str, extra: &str) -> (PathBuf, u16) {
+    let d = dir.join(name);
+    std::fs::create_dir_all(&d).expect("agent dir");
+    std::fs::write(d.join("kern.log"), "").expect("kernel log");
+    std::fs::write(d.join("boot_id"), format!("boot-{name}\n")).expect("boot id");
+    let port = free_port();
+    let cfg = d.join("agent.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "node_name: {name}\nlisten: 127.0.0.1:{port}\n\
+             controller:\n  url: {url}\n  flush_interval_ms: 100\n{extra}\
+             nvml:\n  enabled: false\n\
+             kmsg:\n  path: {}\n  boot_id_path: {}\n\
+             capture:\n  socket: {}\n",
+            d.join("kern.log").display(),
+            d.join("boot_id").display(),
+            d.join("capture.sock").display(),
+        ),
+    )
+    .expect("agent config");
+    (cfg, port)
 }

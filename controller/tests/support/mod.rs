@@ -48,12 +48,18 @@ pub struct Controller {
 impl Controller {
     /// Start it and wait until `/healthz` answers.
     pub fn start() -> Controller {
+        Controller::start_with(&[])
+    }
+
+    /// Start it with `extra` arguments and wait until `/healthz` answers.
+    pub fn start_with(extra: &[&std::ffi::OsStr]) -> Controller {
         let port = free_port();
         let data = tempfile::tempdir().expect("temp dir");
         let child = Command::new(env!("CARGO_BIN_EXE_warden-controller"))
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(data.path())
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
