@@ -1012,10 +1012,24 @@ async fn healthz() -> &'static str {
     tag = "probes",
     responses(
         (status = 200, description = "Ready.", body = String, content_type = "text/plain"),
-        (status = 503, description = "The engine is stuck or overloaded.", body = ApiError),
+        (status = 503, description = "The store does not answer, or the engine is stuck or overloaded.", body = ApiError),
     ),
 )]
 async fn readyz(State(s): State<ApiState>) -> Result<&'static str, ApiError> {
+    // The store answers: a controller that cannot read or write incidents is not ready.
+    match tokio::time::timeout(READY_TIMEOUT, s.operator.store.ping()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(store_error(&e)),
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the store did not answer within {} s",
+                    READY_TIMEOUT.as_secs()
+                ),
+            ));
+        }
+    }
     let engine = s.engine.clone();
     let taken = tokio::task::spawn_blocking(move || drop(engine.lock()));
     match tokio::time::timeout(READY_TIMEOUT, taken).await {

@@ -17,6 +17,9 @@ use crate::engine::{Change, IncidentChange};
 
 /// Evidence entries kept per incident.
 const MAX_EVIDENCE: usize = 24;
+/// How a person's resolve starts on the timeline; restoring a stored incident reads it
+/// back to know the resolve was by hand.
+const RESOLVED_BY: &str = "resolved by ";
 /// Timeline entries kept per incident.
 const MAX_TIMELINE: usize = 200;
 
@@ -187,7 +190,7 @@ impl IncidentBook {
                     .timeline
                     .iter()
                     .rev()
-                    .find(|e| e.what.starts_with("resolved by "))
+                    .find(|e| e.what.starts_with(RESOLVED_BY))
                     .filter(|_| inc.state == IncidentState::Resolved)
                     .map(|e| e.at),
             });
@@ -242,7 +245,7 @@ impl IncidentBook {
         inc.state = IncidentState::Resolved;
         inc.resolved_at = Some(now);
         inc.updated_at = now;
-        push_timeline(inc, now, format!("resolved by {actor}: {reason}"));
+        push_timeline(inc, now, format!("{RESOLVED_BY}{actor}: {reason}"));
         self.extra[i].resolved_by_hand = Some(now);
         Ok(IncidentChange {
             id: id.to_owned(),

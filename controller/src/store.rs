@@ -671,33 +671,6 @@ impl Store {
         rows.iter().map(Self::incident_of).collect()
     }
 
-    /// The highest incident id stored, if any.
-    pub async fn last_incident_id(&self) -> Result<Option<String>, StoreError> {
-        sqlx::query("SELECT MAX(id) FROM incidents")
-            .fetch_one(&self.pool)
-            .await
-            .and_then(|r| r.try_get(0))
-            .map_err(q("reading the last incident id"))
-    }
-
-    /// Open incidents (not resolved) by kind.
-    pub async fn open_counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT kind, COUNT(*) AS n FROM incidents WHERE state <> 'resolved' GROUP BY kind",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(q("counting open incidents"))?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("kind").map_err(q("counting open incidents"))?,
-                    r.try_get("n").map_err(q("counting open incidents"))?,
-                ))
-            })
-            .collect()
-    }
-
     // ---- actions ---------------------------------------------------------------------
 
     /// Record `a` as intended (its status is ignored: it is stored as intended).
@@ -745,10 +718,10 @@ impl Store {
     }
 
     fn action_of(r: &AnyRow) -> Result<ActionRecord, StoreError> {
-        let e = q("reading an action");
-        let id: String = r.try_get("id").map_err(q("reading an action"))?;
-        let kind: String = r.try_get("kind").map_err(q("reading an action"))?;
-        let status: String = r.try_get("status").map_err(q("reading an action"))?;
+        let e = || q("reading an action");
+        let id: String = r.try_get("id").map_err(e())?;
+        let kind: String = r.try_get("kind").map_err(e())?;
+        let status: String = r.try_get("status").map_err(e())?;
         let corrupt = |detail: String| StoreError::Corrupt {
             what: "action",
             id: id.clone(),
@@ -761,17 +734,14 @@ impl Store {
             status: status
                 .parse()
                 .map_err(|()| corrupt(format!("unknown status {status:?}")))?,
-            target: r.try_get("target").map_err(q("reading an action"))?,
-            incident: r.try_get("incident_id").map_err(q("reading an action"))?,
-            actor: r.try_get("actor").map_err(q("reading an action"))?,
-            reason: r.try_get("reason").map_err(q("reading an action"))?,
-            dry_run: r
-                .try_get::<i64, _>("dry_run")
-                .map_err(q("reading an action"))?
-                != 0,
-            result: r.try_get("result").map_err(q("reading an action"))?,
-            intended_at: Timestamp(r.try_get("intended_at").map_err(e)?),
-            finished_at: ts(r.try_get("finished_at").map_err(q("reading an action"))?),
+            target: r.try_get("target").map_err(e())?,
+            incident: r.try_get("incident_id").map_err(e())?,
+            actor: r.try_get("actor").map_err(e())?,
+            reason: r.try_get("reason").map_err(e())?,
+            dry_run: r.try_get::<i64, _>("dry_run").map_err(e())? != 0,
+            result: r.try_get("result").map_err(e())?,
+            intended_at: Timestamp(r.try_get("intended_at").map_err(e())?),
+            finished_at: ts(r.try_get("finished_at").map_err(e())?),
             id,
         })
     }

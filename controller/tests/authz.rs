@@ -10,7 +10,7 @@ use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode, header};
 use tower::ServiceExt;
 use warden_controller::api::{ApiState, ROUTES, router};
-use warden_controller::auth::{Auth, Need, Role, hash_token};
+use warden_controller::auth::{Auth, Role, hash_token};
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::Operator;
 use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
@@ -78,10 +78,6 @@ fn request(method: &str, path: &str, auth: Option<&str>) -> Request<Body> {
     b.body(Body::from(body)).expect("request")
 }
 
-fn allowed(role: Role, need: Need) -> bool {
-    role.allows(need)
-}
-
 #[tokio::test]
 async fn every_route_role_and_credential() {
     let (app, operator) = app().await;
@@ -122,7 +118,7 @@ async fn every_route_role_and_credential() {
             let status = resp.status();
             let body = to_bytes(resp.into_body(), 1 << 20).await.expect("body");
             let text = String::from_utf8_lossy(&body);
-            if allowed(role, need) {
+            if role.allows(need) {
                 assert!(
                     !matches!(
                         status,
@@ -174,6 +170,17 @@ async fn probes_and_metrics_need_no_token() {
             .expect("answer");
         assert_eq!(resp.status(), StatusCode::OK, "{path}");
     }
+}
+
+#[tokio::test]
+async fn readyz_fails_when_the_store_is_gone() {
+    let (app, operator) = app().await;
+    operator.store.pool().close().await;
+    let resp = app
+        .oneshot(request("GET", "/readyz", None))
+        .await
+        .expect("answer");
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
 }
 
 #[tokio::test]

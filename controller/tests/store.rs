@@ -181,18 +181,6 @@ async fn lists_filter_and_page() {
         assert_eq!(live, ["inc-01", "inc-03", "inc-04"], "{name}");
         let live = ids(store.live_incidents(Timestamp(4_000)).await.expect("live"));
         assert_eq!(live.len(), 4, "{name}: recently resolved ones too");
-        assert_eq!(
-            store.last_incident_id().await.expect("last").as_deref(),
-            Some("inc-04"),
-            "{name}"
-        );
-        let mut counts = store.open_counts().await.expect("counts");
-        counts.sort();
-        assert_eq!(
-            counts,
-            [("gpu_fault".to_owned(), 1), ("hang".to_owned(), 2)],
-            "{name}"
-        );
     }
 }
 
