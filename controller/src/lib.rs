@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod operate;
 pub mod persist;
+pub mod remedy;
 pub mod state;
 pub mod store;
 pub mod tls;

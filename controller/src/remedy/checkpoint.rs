@@ -1,0 +1,1 @@
+//! Finding the latest complete training checkpoint (Megatron-LM, DeepSpeed, PyTorch DCP, Hugging Face Trainer).

@@ -1,0 +1,1 @@
+//! The Slurm actuator: drain, resume and requeue through `scontrol`.
