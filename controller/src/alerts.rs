@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 use warden_diagnosis::llm::http::{ChatTransport, HyperTransport, origin};
 use warden_model::config::ConfigError;
 use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity, Timestamp};
@@ -449,7 +450,21 @@ impl Sink {
     fn spawn(&self, body: Bytes) -> JoinHandle<Delivery> {
         let transport = self.transport.clone();
         let (name, origin, timeout) = (self.name, self.origin.clone(), self.timeout);
-        tokio::spawn(async move { deliver(&*transport, body, timeout, name, &origin).await })
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "alert.deliver",
+            sink = name,
+            bytes = body.len(),
+            outcome = tracing::field::Empty,
+        );
+        tokio::spawn(
+            async move {
+                let d = deliver(&*transport, body, timeout, name, &origin).await;
+                tracing::Span::current().record("outcome", d.label());
+                d
+            }
+            .instrument(span),
+        )
     }
 
     fn count(&self, result: &str, n: u64) {
@@ -466,6 +481,17 @@ enum Delivery {
     Refused(u16),
     /// Every attempt failed (connection, timeout, 429, 5xx).
     GaveUp,
+}
+
+impl Delivery {
+    /// The outcome in a word (trace attribute).
+    fn label(self) -> &'static str {
+        match self {
+            Delivery::Delivered => "delivered",
+            Delivery::Refused(_) => "refused",
+            Delivery::GaveUp => "gave_up",
+        }
+    }
 }
 
 /// The wait before retry number `attempt` (0 = the first retry): `BACKOFF_BASE · 2^attempt`

@@ -315,9 +315,18 @@ async fn ingest(
         }
     };
     let now = s.clock.now();
-    let result = s.engine.lock().ingest(&body, encoding, now);
+    let span = tracing::info_span!(
+        target: crate::telemetry::TARGET,
+        "ingest",
+        bytes = body.len(),
+        accepted = tracing::field::Empty,
+    );
+    let result = span.in_scope(|| s.engine.lock().ingest(&body, encoding, now));
     match result {
-        Ok(accepted) => Ok(Json(IngestResponse { accepted })),
+        Ok(accepted) => {
+            span.record("accepted", accepted);
+            Ok(Json(IngestResponse { accepted }))
+        }
         Err(e) => {
             tracing::debug!(reason = e.reason(), bytes = body.len(), error = %e, "batch rejected");
             Err(ApiError {

@@ -50,6 +50,9 @@ pub struct ConfigFile {
     pub advertise_url: Option<String>,
     /// Serve the API over https (`docs/API.md`, "TLS").
     pub tls: Option<crate::tls::TlsConfig>,
+    /// OpenTelemetry traces of the incident pipeline over OTLP (`docs/METRICS.md`,
+    /// "Traces").
+    pub traces: Option<crate::telemetry::TracesConfig>,
 }
 
 /// The settings a flag can override (`None`: not given).
@@ -104,6 +107,9 @@ pub struct ControllerConfig {
     pub advertise_url: Option<String>,
     /// https settings; `None`: plain http.
     pub tls: Option<crate::tls::TlsConfig>,
+    /// Trace export (off unless an endpoint is configured here or in the standard
+    /// `OTEL_EXPORTER_OTLP_*` variables).
+    pub traces: crate::telemetry::TracesConfig,
 }
 
 impl Default for ControllerConfig {
@@ -118,6 +124,7 @@ impl Default for ControllerConfig {
             alerts: crate::alerts::AlertsConfig::default(),
             advertise_url: None,
             tls: None,
+            traces: crate::telemetry::TracesConfig::default(),
         }
     }
 }
@@ -182,6 +189,7 @@ impl ConfigFile {
                     out.alerts = one.alerts.or(out.alerts);
                     out.advertise_url = one.advertise_url.or(out.advertise_url);
                     out.tls = one.tls.or(out.tls);
+                    out.traces = one.traces.or(out.traces);
                 }
                 Err(e) => errors.push(err(name, e.into_inner().to_string())),
             }
@@ -298,6 +306,16 @@ impl ControllerConfig {
             }
         }
         cfg.tls = parsed.tls.clone();
+        if let Some(t) = &parsed.traces {
+            for (field, message) in t.problems() {
+                errors.push(ConfigError {
+                    origin: file_origin.clone(),
+                    field,
+                    message,
+                });
+            }
+            cfg.traces = t.clone();
+        }
         cfg.tokens_file = flags
             .tokens_file
             .clone()

@@ -21,6 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc};
+use tracing::Instrument;
 use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser};
 use warden_diagnosis::rules::RuleSet;
 use warden_diagnosis::{Diagnosis, LogLine, PipelineOptions};
@@ -590,35 +591,52 @@ pub fn start(
                 clock.clone(),
                 metrics.clone(),
             );
-            tokio::spawn(async move {
-                let _permit = permit;
-                let Some(req) = engine.lock().diagnosis_request(&id) else {
-                    return;
-                };
-                let started = Instant::now();
-                let d = diagnoser.diagnose(&req, metrics.as_deref()).await;
-                if let Some(m) = &metrics {
-                    m.diagnosis_seconds.observe(started.elapsed().as_secs_f64());
-                    let source = if d.source == "rules" { "rules" } else { "llm" };
-                    let result = if d.category.is_some() {
-                        "category"
-                    } else {
-                        "none"
+            let span = tracing::info_span!(
+                target: crate::telemetry::TARGET,
+                "diagnose",
+                incident = %id,
+                category = tracing::field::Empty,
+                locus = tracing::field::Empty,
+                source = tracing::field::Empty,
+                lines = tracing::field::Empty,
+            );
+            tokio::spawn(
+                async move {
+                    let _permit = permit;
+                    let Some(req) = engine.lock().diagnosis_request(&id) else {
+                        return;
                     };
-                    m.diagnoses.with_label_values(&[source, result]).inc();
+                    let started = Instant::now();
+                    let d = diagnoser.diagnose(&req, metrics.as_deref()).await;
+                    if let Some(m) = &metrics {
+                        m.diagnosis_seconds.observe(started.elapsed().as_secs_f64());
+                        let source = if d.source == "rules" { "rules" } else { "llm" };
+                        let result = if d.category.is_some() {
+                            "category"
+                        } else {
+                            "none"
+                        };
+                        m.diagnoses.with_label_values(&[source, result]).inc();
+                    }
+                    tracing::info!(
+                        incident = %id,
+                        category = d.category.as_deref().unwrap_or("none"),
+                        locus = d.fault_locus.as_deref().unwrap_or("none"),
+                        culprit = %d.culprit,
+                        source = %d.source,
+                        lines = d.lines_read,
+                        "incident diagnosed"
+                    );
+                    let span = tracing::Span::current();
+                    span.record("category", d.category.as_deref().unwrap_or("none"));
+                    span.record("locus", d.fault_locus.as_deref().unwrap_or("none"));
+                    span.record("source", d.source.as_str());
+                    span.record("lines", d.lines_read);
+                    let now: Timestamp = clock.now();
+                    engine.lock().attach_diagnosis(&id, d, now);
                 }
-                tracing::info!(
-                    incident = %id,
-                    category = d.category.as_deref().unwrap_or("none"),
-                    locus = d.fault_locus.as_deref().unwrap_or("none"),
-                    culprit = %d.culprit,
-                    source = %d.source,
-                    lines = d.lines_read,
-                    "incident diagnosed"
-                );
-                let now: Timestamp = clock.now();
-                engine.lock().attach_diagnosis(&id, d, now);
-            });
+                .instrument(span),
+            );
         }
     });
     queue

@@ -21,6 +21,7 @@ pub mod persist;
 pub mod remedy;
 pub mod state;
 pub mod store;
+pub mod telemetry;
 pub mod tls;
 pub mod view;
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use tokio::net::TcpListener;
+use tracing::Instrument;
 use warden_controller::api::{self, ApiState};
 use warden_controller::auth::{self, Auth, Role};
 use warden_controller::config::{ControllerConfig, Overrides, StoreLocation};
@@ -20,7 +22,7 @@ use warden_controller::operate::{self, Operator};
 use warden_controller::persist::Persister;
 use warden_controller::store::Store;
 use warden_controller::{Clock, Engine, EngineConfig, IncidentChange, SharedEngine, SystemClock};
-use warden_controller::{forward, tls};
+use warden_controller::{forward, telemetry, tls};
 use warden_diagnosis::llm::LlmDiagnoser;
 use warden_diagnosis::rules::RuleSet;
 use warden_model::Timestamp;
@@ -80,16 +82,46 @@ enum Command {
     Openapi,
 }
 
-fn init_logging(format: LogFormat) {
+/// Log to stderr (filtered by `RUST_LOG`, default `info`) and, when `traces` is given,
+/// send the pipeline's spans and the controller's events within them to it.
+fn init_logging(format: LogFormat, traces: Option<&SdkTracerProvider>) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    let fmt = match format {
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed(),
+    };
+    let spans = traces.map(|p| {
+        telemetry::layer(p).with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(telemetry::TARGET, tracing::Level::INFO)
+                .with_target("warden_controller", tracing::Level::INFO),
+        )
+    });
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(spans)
+        .init();
+}
+
+/// Start trace export when an endpoint is configured; `None` when off.
+fn start_traces(config: &ControllerConfig) -> Result<Option<SdkTracerProvider>, String> {
+    let Some(endpoint) = telemetry::endpoint(&config.traces, |k| std::env::var(k).ok()) else {
+        return Ok(None);
+    };
+    let ca = config.tls.as_ref().and_then(|t| t.ca_file.as_deref());
+    let tls = tls::client_config(ca).map_err(|e| format!("traces: {e}"))?;
+    telemetry::start(&config.traces, endpoint, Arc::new(tls))
+        .map(Some)
+        .map_err(|e| format!("traces: {e}"))
 }
 
 fn make_token(name: &str, role: Role) -> ExitCode {
@@ -119,7 +151,6 @@ fn main() -> ExitCode {
         print!("{}", warden_controller::openapi::openapi_json());
         return ExitCode::SUCCESS;
     }
-    init_logging(args.log_format);
     let overrides = Overrides {
         listen: args.listen.clone(),
         data_dir: args.data_dir.clone(),
@@ -176,14 +207,35 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, auth, tls)) {
+    let traces = {
+        let _in_runtime = runtime.enter();
+        match start_traces(&config) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("warden-controller: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        }
+    };
+    init_logging(args.log_format, traces.as_ref());
+    if traces.is_some() {
+        tracing::info!("sending traces of the incident pipeline over OTLP");
+    }
+    let code = match runtime.block_on(run(config, auth, tls)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "controller stopped");
             eprintln!("warden-controller: {e:#}");
             ExitCode::FAILURE
         }
+    };
+    // Send the spans still queued while the runtime that sends them still runs.
+    if let Some(t) = traces {
+        if let Err(e) = t.shutdown() {
+            eprintln!("warden-controller: traces: {e}");
+        }
     }
+    code
 }
 
 async fn open_store(location: &StoreLocation) -> anyhow::Result<Store> {
@@ -430,9 +482,17 @@ async fn tick_loop(
         let pass_engine = engine.clone();
         let pass_alerts = operator.alerts.clone();
         let now = clock.now();
+        let span = tracing::info_span!(
+            target: telemetry::TARGET,
+            "detect_pass",
+            changes = tracing::field::Empty,
+        );
+        let pass_span = span.clone();
         let pass = tokio::task::spawn_blocking(move || {
+            let _in = pass_span.enter();
             let mut e = pass_engine.lock();
             let changes = e.tick(now);
+            pass_span.record("changes", changes.len());
             log_changes(&e, &changes);
             if let Some(a) = &pass_alerts {
                 a.submit_changes(&e, &changes);
@@ -449,7 +509,17 @@ async fn tick_loop(
         }
         // Write what changed; a failing store is retried on every pass and reported
         // once until it recovers.
-        let synced = operator.persister.lock().await.sync(&engine, now).await;
+        let synced = operator
+            .persister
+            .lock()
+            .await
+            .sync(&engine, now)
+            .instrument(tracing::info_span!(
+                target: telemetry::TARGET,
+                parent: &span,
+                "store.sync"
+            ))
+            .await;
         match synced {
             Ok(_) if store_failing => {
                 store_failing = false;

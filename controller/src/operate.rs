@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
+use tracing::Instrument;
 use warden_model::Timestamp;
 
 use crate::engine::{IncidentChange, SharedEngine};
@@ -285,6 +286,26 @@ impl Operator {
         now: Timestamp,
         recovering: bool,
     ) -> Result<Option<IncidentChange>, OperateError> {
+        let span = tracing::info_span!(
+            target: crate::telemetry::TARGET,
+            "action",
+            action = %a.id,
+            kind = a.kind.as_str(),
+            subject = %a.target,
+            incident = a.incident.as_deref().unwrap_or(""),
+            actor = %a.actor,
+            recovering,
+            result = tracing::field::Empty,
+        );
+        self.apply_in(a, now, recovering).instrument(span).await
+    }
+
+    async fn apply_in(
+        &self,
+        a: &ActionRecord,
+        now: Timestamp,
+        recovering: bool,
+    ) -> Result<Option<IncidentChange>, OperateError> {
         let mut change = None;
         let result = match a.kind {
             ActionKind::Acknowledge => {
@@ -349,6 +370,7 @@ impl Operator {
                 }
             }
         };
+        tracing::Span::current().record("result", result.as_str());
         self.persist(now).await?;
         if let (Some(q), Some(c)) = (&self.alerts, &change) {
             let e = self.engine.lock();
@@ -377,7 +399,7 @@ pub async fn recover(op: &Operator, now: Timestamp) -> Result<usize, OperateErro
         tracing::info!(
             action = %a.id,
             kind = a.kind.as_str(),
-            target = %a.target,
+            subject = %a.target,
             actor = %a.actor,
             "finishing an action a previous run left unfinished"
         );

@@ -25,6 +25,15 @@ impl Ctl {
     /// Start it with `store` (e.g. `["--data-dir", DIR]`) and an optional failpoint,
     /// and wait until it answers.
     pub fn start(store: &[&std::ffi::OsStr], failpoint: Option<&str>) -> Ctl {
+        Ctl::start_env(store, failpoint, &[])
+    }
+
+    /// [`Ctl::start`] with extra environment variables.
+    pub fn start_env(
+        store: &[&std::ffi::OsStr],
+        failpoint: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Ctl {
         let port = free_port();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_warden-controller"));
         cmd.args(["--listen", &format!("127.0.0.1:{port}")])
@@ -36,6 +45,7 @@ impl Ctl {
         if let Some(f) = failpoint {
             cmd.env("WARDEN_FAILPOINT", f);
         }
+        cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().expect("warden-controller starts");
         let err = child.stderr.take().expect("stderr");
         let (tx, rx) = mpsc::channel();
