@@ -11,6 +11,7 @@
 
 pub mod checkpoint;
 pub mod kubernetes;
+pub mod policy;
 pub mod slurm;
 
 use std::path::PathBuf;
