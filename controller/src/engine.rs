@@ -80,6 +80,8 @@ pub enum Change {
     Diagnosed,
     /// A person acknowledged it.
     Acknowledged,
+    /// Remediation acted on it (or, in a dry run, said what it would do).
+    Remediated,
 }
 
 /// A change to one incident.
@@ -236,6 +238,18 @@ impl Engine {
         now: Timestamp,
     ) -> Result<Option<IncidentChange>, ManualError> {
         self.book.acknowledge(id, actor, note, now)
+    }
+
+    /// Note what remediation did on an incident's timeline; `mitigating` moves a live
+    /// incident to `mitigating`. `None` for an unknown incident.
+    pub fn remediation_note(
+        &mut self,
+        id: &str,
+        what: &str,
+        mitigating: bool,
+        now: Timestamp,
+    ) -> Option<IncidentChange> {
+        self.book.note(id, what, mitigating, now)
     }
 
     /// A person resolved an incident (see [`IncidentBook::resolve_by`]).

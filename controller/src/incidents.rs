@@ -253,6 +253,29 @@ impl IncidentBook {
         })
     }
 
+    /// Note what remediation did on incident `id`'s timeline; `mitigating` moves a
+    /// live incident to `mitigating`. `None` for an unknown incident.
+    pub fn note(
+        &mut self,
+        id: &str,
+        what: &str,
+        mitigating: bool,
+        now: Timestamp,
+    ) -> Option<IncidentChange> {
+        let &i = self.index.get(id)?;
+        let inc = &mut self.incidents[i];
+        if mitigating && inc.state.can_become(IncidentState::Mitigating) {
+            inc.state = IncidentState::Mitigating;
+        }
+        inc.updated_at = now;
+        push_timeline(inc, now, what.to_owned());
+        Some(IncidentChange {
+            id: id.to_owned(),
+            change: Change::Remediated,
+        })
+    }
+
+    /// Add `what` to the timeline of every live incident of `job` (a scheduler
     /// said the job started or ended). Returns how many incidents got the note.
     pub fn note_job(&mut self, job: &str, what: &str, now: Timestamp) -> usize {
         let mut n = 0;

@@ -95,6 +95,12 @@ pub struct Metrics {
     /// Actions finished, by kind (`drain`, `undrain`, `acknowledge`, `resolve`) and
     /// result (`done`, `failed`).
     pub actions: IntCounterVec,
+    /// 1 while the remediation circuit breaker is tripped.
+    pub breaker_tripped: IntGauge,
+    /// Nodes remediation isolated within the breaker's window.
+    pub isolated_in_window: IntGauge,
+    /// Seconds from an incident's detection to its job's restart being requested.
+    pub restart_latency: Histogram,
 }
 
 /// Per-job and per-rank gauges, rebuilt from the engine's jobs on each scrape (a job the
@@ -489,6 +495,35 @@ impl Metrics {
                 )?;
                 r.register(Box::new(c.clone()))?;
                 c
+            },
+            breaker_tripped: {
+                let g = IntGauge::new(
+                    "warden_remediation_breaker_tripped",
+                    "1 while the remediation circuit breaker is tripped (nothing is done \
+                     until a person resets it).",
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            isolated_in_window: {
+                let g = IntGauge::new(
+                    "warden_remediation_isolated_nodes",
+                    "Nodes remediation isolated within the circuit breaker's window.",
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            restart_latency: {
+                let h = Histogram::with_opts(
+                    HistogramOpts::new(
+                        "warden_remediation_restart_latency_seconds",
+                        "Seconds from an incident's detection to the restart of its job \
+                         being requested.",
+                    )
+                    .buckets(vec![0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0]),
+                )?;
+                r.register(Box::new(h.clone()))?;
+                h
             },
             jobs: JobMetrics::new(&r)?,
             registry: r,

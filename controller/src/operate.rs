@@ -112,7 +112,7 @@ async fn failpoint(name: &str) {
 }
 
 /// A new action id: the time in milliseconds and 32 random bits.
-fn action_id(now: Timestamp) -> String {
+pub fn action_id(now: Timestamp) -> String {
     let salt = crate::auth::new_token()
         .map(|t| t.chars().skip(4).take(8).collect::<String>())
         .unwrap_or_else(|_| format!("{:08x}", now.0 & 0xffff_ffff));
@@ -361,6 +361,15 @@ impl Operator {
                         "drained".to_owned()
                     }
                 }
+            }
+            ActionKind::Isolate
+            | ActionKind::Restart
+            | ActionKind::BreakerTrip
+            | ActionKind::BreakerReset => {
+                // Remediation records these as intended and done together; one left
+                // intended was cut short. Its incident counts as decided, so nothing
+                // runs twice (a job is never restarted twice).
+                "interrupted before it finished; not repeated".to_owned()
             }
             ActionKind::Undrain => {
                 if self.store.remove_node(&a.target).await? {

@@ -19,8 +19,14 @@ use warden_model::{Incident, IncidentKind, IncidentState, TimelineEntry, Timesta
 use crate::clock::{Clock, SystemClock};
 
 /// The migrations, in order: (version, name, SQL).
-const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "init", include_str!("../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "init", include_str!("../migrations/0001_init.sql")),
+    (
+        2,
+        "remediation",
+        include_str!("../migrations/0002_remediation.sql"),
+    ),
+];
 
 /// Key of the PostgreSQL advisory lock held while migrating, so two controllers starting
 /// together do not both apply a migration.
@@ -153,6 +159,14 @@ pub enum ActionKind {
     Acknowledge,
     /// A person resolved an incident.
     Resolve,
+    /// Remediation isolated a node (cordon, drain).
+    Isolate,
+    /// Remediation restarted a job.
+    Restart,
+    /// The remediation circuit breaker tripped.
+    BreakerTrip,
+    /// A person reset the circuit breaker.
+    BreakerReset,
 }
 
 impl ActionKind {
@@ -163,6 +177,10 @@ impl ActionKind {
             ActionKind::Undrain => "undrain",
             ActionKind::Acknowledge => "acknowledge",
             ActionKind::Resolve => "resolve",
+            ActionKind::Isolate => "isolate",
+            ActionKind::Restart => "restart",
+            ActionKind::BreakerTrip => "breaker_trip",
+            ActionKind::BreakerReset => "breaker_reset",
         }
     }
 }
@@ -175,6 +193,10 @@ impl FromStr for ActionKind {
             ActionKind::Undrain,
             ActionKind::Acknowledge,
             ActionKind::Resolve,
+            ActionKind::Isolate,
+            ActionKind::Restart,
+            ActionKind::BreakerTrip,
+            ActionKind::BreakerReset,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)
@@ -803,6 +825,40 @@ impl Store {
     }
 
     /// The drain record of node `name`, if it is drained.
+    /// A remediation state document (`None` before it was first written).
+    pub async fn remediation_state(&self, name: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT doc FROM remediation_state WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(q("reading remediation state"))?;
+        row.map(|r| r.try_get::<String, _>("doc"))
+            .transpose()
+            .map_err(q("reading remediation state"))
+    }
+
+    /// Write a remediation state document.
+    pub async fn put_remediation_state(
+        &self,
+        name: &str,
+        doc: &str,
+        at: Timestamp,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO remediation_state (name, doc, updated_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO UPDATE SET doc = excluded.doc, \
+                 updated_at = excluded.updated_at",
+        )
+        .bind(name)
+        .bind(doc)
+        .bind(at.0)
+        .execute(&self.pool)
+        .await
+        .map_err(q("writing remediation state"))?;
+        Ok(())
+    }
+
+    /// A drained node's record.
     pub async fn node(&self, name: &str) -> Result<Option<NodeRecord>, StoreError> {
         let row = sqlx::query("SELECT * FROM nodes WHERE name = $1")
             .bind(name)

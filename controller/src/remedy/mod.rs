@@ -12,6 +12,8 @@
 pub mod checkpoint;
 pub mod kubernetes;
 pub mod policy;
+pub mod run;
+pub mod script;
 pub mod slurm;
 
 use std::path::PathBuf;

@@ -1,0 +1,838 @@
+//! The remediation loop: after every detector pass, each live incident the policy has
+//! not yet decided on is put to the policy; what it calls for passes the safety rails —
+//! dry run, the circuit breaker, per-node cooldowns, the rate limit — and then the
+//! actuator. Every step is an action in the audit log and a line on the incident's
+//! timeline.
+//!
+//! The rails' state (isolations in the breaker's window, whether it tripped, cooldowns,
+//! the rate limiter's recent actions, which incidents were decided, past matches for
+//! repetition) is one document in the store, written before an action runs: a
+//! controller killed mid-way never repeats a job restart, and a tripped breaker stays
+//! tripped across restarts until a person resets it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+use warden_model::{Incident, IncidentState, NodeName, Timestamp};
+
+use super::checkpoint;
+use super::policy::{ActionName, Decision, History, Policy, repeat_keys};
+use super::script::{ScriptActuator, ScriptConfig};
+use super::{ActuatorError, Isolation, Outcome, Restart};
+use crate::engine::{IncidentChange, SharedEngine};
+use crate::store::{ActionKind, ActionRecord, ActionStatus, NodeRecord, Store, StoreError};
+
+/// Name of the rails' state document in the store.
+const STATE: &str = "rails";
+/// How long a decided incident is remembered (longer than any reopen window).
+const HANDLED_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How long past matches are kept for `repeat` (longer than any sane window).
+const MATCHES_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The owner Warden writes on what it isolates.
+pub const POLICY_ACTOR: &str = "warden-policy";
+
+/// The circuit breaker: at most `max_nodes` nodes, and at most `max_percent` of the
+/// nodes known, isolated within `window`; one more trips it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Most nodes isolated per window.
+    pub max_nodes: usize,
+    /// Most nodes isolated per window, as a percentage of the nodes known (at least one
+    /// node is always allowed).
+    pub max_percent: f64,
+    /// The window, e.g. `1h`.
+    #[serde(with = "duration_text")]
+    pub window: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            max_nodes: 4,
+            max_percent: 10.0,
+            window: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Which actuator carries actions out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActuatorKind {
+    /// None: decisions are recorded, nothing is changed (as in a dry run).
+    #[default]
+    None,
+    /// The `script` program.
+    Script,
+}
+
+/// The `remediation` section of the controller configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RemedyConfig {
+    /// Only record what would be done (the default: a fresh install observes).
+    pub dry_run: bool,
+    /// A policy file; default: the shipped `rules/policy.yaml`.
+    pub policy_file: Option<PathBuf>,
+    /// Which actuator acts.
+    pub actuator: ActuatorKind,
+    /// The script actuator's program.
+    pub script: Option<ScriptConfig>,
+    /// The circuit breaker.
+    pub breaker: BreakerConfig,
+    /// No second isolation of a node within this time of the last one.
+    #[serde(with = "duration_text")]
+    pub node_cooldown: Duration,
+    /// Most actions that change something, per hour.
+    pub max_actions_per_hour: usize,
+    /// How long a rule on the diagnosis waits for it before it no longer matches.
+    #[serde(with = "duration_text")]
+    pub diagnosis_wait: Duration,
+    /// Where a job's checkpoints are: `{job}` is replaced by the job id.
+    pub checkpoint_dir: Option<String>,
+}
+
+impl Default for RemedyConfig {
+    fn default() -> Self {
+        RemedyConfig {
+            dry_run: true,
+            policy_file: None,
+            actuator: ActuatorKind::None,
+            script: None,
+            breaker: BreakerConfig::default(),
+            node_cooldown: Duration::from_secs(1800),
+            max_actions_per_hour: 30,
+            diagnosis_wait: Duration::from_secs(20),
+            checkpoint_dir: None,
+        }
+    }
+}
+
+impl RemedyConfig {
+    /// Problems with the section, as `(field, message)`.
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let b = &self.breaker;
+        if b.max_nodes == 0 {
+            out.push((
+                "remediation.breaker.max_nodes".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        if !(b.max_percent > 0.0 && b.max_percent <= 100.0) {
+            out.push((
+                "remediation.breaker.max_percent".into(),
+                "a percentage above 0 and at most 100".into(),
+            ));
+        }
+        if b.window.is_zero() {
+            out.push((
+                "remediation.breaker.window".into(),
+                "a window above zero".into(),
+            ));
+        }
+        if self.max_actions_per_hour == 0 {
+            out.push((
+                "remediation.max_actions_per_hour".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        match (&self.actuator, &self.script) {
+            (ActuatorKind::Script, None) => out.push((
+                "remediation.script".into(),
+                "the script actuator needs script.program".into(),
+            )),
+            (_, Some(s)) => out.extend(s.problems("remediation.script")),
+            _ => {}
+        }
+        out
+    }
+}
+
+/// Durations written like `90s`, `30m`, `1h`.
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(|e| {
+            serde::de::Error::custom(format!("{s:?} is not a duration like 30m or 1h ({e})"))
+        })
+    }
+}
+
+/// A node isolated within the breaker's window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Isolated {
+    /// The node.
+    pub node: NodeName,
+    /// When (ns since the epoch).
+    pub at: i64,
+    /// For which incident.
+    pub incident: String,
+}
+
+/// Why and when the breaker tripped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trip {
+    /// When (ns since the epoch).
+    pub at: i64,
+    /// Why, in words.
+    pub reason: String,
+    /// The incident whose action tripped it.
+    pub incident: String,
+}
+
+/// A past policy match, for `repeat`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Matched {
+    rule: String,
+    key: String,
+    at: i64,
+    incident: String,
+    count: u32,
+}
+
+/// The rails' persisted state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RailsState {
+    /// Isolations within the breaker's window.
+    pub isolations: Vec<Isolated>,
+    /// Set while the breaker is tripped.
+    pub tripped: Option<Trip>,
+    /// Times of recent actions that changed something (rate limit).
+    pub recent: Vec<i64>,
+    /// Last isolation per node (cooldown).
+    pub last_isolated: BTreeMap<NodeName, i64>,
+    /// Incidents decided, with when.
+    pub handled: BTreeMap<String, i64>,
+    #[serde(default)]
+    matches: Vec<Matched>,
+}
+
+impl History for RailsState {
+    fn occurrences(&self, rule: &str, key: &str, since: Timestamp, except: &str) -> u32 {
+        self.matches
+            .iter()
+            .filter(|m| m.rule == rule && m.key == key && m.at >= since.0 && m.incident != except)
+            .map(|m| m.count)
+            .sum()
+    }
+}
+
+impl RailsState {
+    fn prune(&mut self, now: Timestamp, window: Duration) {
+        let cut = |d: Duration| now.plus_secs(-d.as_secs_f64()).0;
+        let w = cut(window);
+        self.isolations.retain(|i| i.at >= w);
+        let hour = cut(Duration::from_secs(3600));
+        self.recent.retain(|&t| t >= hour);
+        let keep = cut(HANDLED_KEEP);
+        self.handled.retain(|_, &mut t| t >= keep);
+        let keep = cut(MATCHES_KEEP);
+        self.matches.retain(|m| m.at >= keep);
+    }
+}
+
+/// What the API shows of remediation.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct RemedyStatus {
+    /// Whether actions are only recorded.
+    pub dry_run: bool,
+    /// The actuator: `none` or `script`.
+    pub actuator: String,
+    /// Nodes isolated within the breaker's window.
+    pub isolated_in_window: usize,
+    /// How many the breaker allows per window now.
+    pub breaker_cap: usize,
+    /// Whether the breaker is tripped (no action until a person resets it).
+    pub tripped: bool,
+    /// Why it tripped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tripped_reason: Option<String>,
+    /// When it tripped (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tripped_at: Option<String>,
+}
+
+/// Why remediation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RemedyError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The policy could not be loaded.
+    #[error(transparent)]
+    Policy(#[from] super::policy::PolicyError),
+    /// The stored state is not readable.
+    #[error("remediation state in the store is unreadable: {0}")]
+    State(String),
+    /// The breaker is not tripped.
+    #[error("the circuit breaker is not tripped")]
+    NotTripped,
+}
+
+/// Carries actions out.
+#[derive(Debug, Clone)]
+pub enum Actuator {
+    /// Nothing: decisions are only recorded.
+    None,
+    /// A program of the operator's.
+    Script(ScriptActuator),
+}
+
+impl Actuator {
+    async fn isolate(&self, req: &Isolation) -> Result<Outcome, ActuatorError> {
+        match self {
+            Actuator::None => Ok(Outcome::AlreadyDone),
+            Actuator::Script(s) => s.isolate(req).await,
+        }
+    }
+
+    async fn restart(&self, req: &Restart) -> Result<Outcome, ActuatorError> {
+        match self {
+            Actuator::None => Ok(Outcome::AlreadyDone),
+            Actuator::Script(s) => s.restart(req).await,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Actuator::None => "none",
+            Actuator::Script(_) => "script",
+        }
+    }
+}
+
+/// The remediation loop's state and parts.
+#[derive(Debug, Clone)]
+pub struct Remediator {
+    config: Arc<RemedyConfig>,
+    policy: Arc<Policy>,
+    actuator: Actuator,
+    engine: SharedEngine,
+    store: Store,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    state: Arc<Mutex<RailsState>>,
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Incidents the policy decided on.
+    pub decided: usize,
+    /// Actions recorded (dry-run ones included).
+    pub actions: usize,
+    /// Whether the breaker tripped in this pass.
+    pub tripped: bool,
+    /// Changes to incidents (timeline notes) to persist and alert on.
+    pub changes: Vec<IncidentChange>,
+}
+
+impl Remediator {
+    /// Set up from the configuration, reading the rails' state from the store.
+    pub async fn new(
+        config: RemedyConfig,
+        engine: SharedEngine,
+        store: Store,
+        metrics: Option<Arc<crate::metrics::Metrics>>,
+    ) -> Result<Remediator, RemedyError> {
+        let policy = match &config.policy_file {
+            Some(p) => Policy::load(p)?,
+            None => Policy::shipped()?,
+        };
+        let actuator = match (&config.actuator, &config.script) {
+            (ActuatorKind::Script, Some(s)) => Actuator::Script(ScriptActuator::new(s.clone())),
+            _ => Actuator::None,
+        };
+        let state = match store.remediation_state(STATE).await? {
+            Some(doc) => {
+                serde_json::from_str(&doc).map_err(|e| RemedyError::State(e.to_string()))?
+            }
+            None => RailsState::default(),
+        };
+        let r = Remediator {
+            config: Arc::new(config),
+            policy: Arc::new(policy),
+            actuator,
+            engine,
+            store,
+            metrics,
+            state: Arc::new(Mutex::new(state)),
+        };
+        r.publish(&*r.state.lock().await);
+        Ok(r)
+    }
+
+    /// The breaker's cap given `nodes` known nodes.
+    fn cap(&self, nodes: usize) -> usize {
+        let b = &self.config.breaker;
+        let by_percent = ((nodes as f64) * b.max_percent / 100.0).floor() as usize;
+        b.max_nodes.min(by_percent.max(1))
+    }
+
+    fn known_nodes(&self, now: Timestamp) -> usize {
+        self.engine.lock().agents(now).len()
+    }
+
+    /// What the API shows.
+    pub async fn status(&self, now: Timestamp) -> RemedyStatus {
+        let mut s = self.state.lock().await;
+        s.prune(now, self.config.breaker.window);
+        RemedyStatus {
+            dry_run: self.config.dry_run,
+            actuator: self.actuator.name().to_owned(),
+            isolated_in_window: s.isolations.len(),
+            breaker_cap: self.cap(self.known_nodes(now)),
+            tripped: s.tripped.is_some(),
+            tripped_reason: s.tripped.as_ref().map(|t| t.reason.clone()),
+            tripped_at: s
+                .tripped
+                .as_ref()
+                .map(|t| crate::alerts::rfc3339(Timestamp(t.at))),
+        }
+    }
+
+    /// A person resets a tripped breaker; isolations so far stay counted in the window
+    /// only if `keep_window` (otherwise the window starts afresh).
+    pub async fn reset_breaker(
+        &self,
+        actor: &str,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<Trip, RemedyError> {
+        let mut s = self.state.lock().await;
+        let Some(trip) = s.tripped.take() else {
+            return Err(RemedyError::NotTripped);
+        };
+        s.isolations.clear();
+        self.save(&s, now).await?;
+        self.record(
+            ActionKind::BreakerReset,
+            "breaker",
+            Some(&trip.incident),
+            actor,
+            reason,
+            false,
+            "reset; the window starts afresh",
+            now,
+        )
+        .await?;
+        self.publish(&s);
+        Ok(trip)
+    }
+
+    async fn save(&self, s: &RailsState, now: Timestamp) -> Result<(), StoreError> {
+        let doc = serde_json::to_string(s).unwrap_or_else(|_| "{}".to_owned());
+        self.store.put_remediation_state(STATE, &doc, now).await
+    }
+
+    fn publish(&self, s: &RailsState) {
+        if let Some(m) = &self.metrics {
+            m.breaker_tripped.set(i64::from(s.tripped.is_some()));
+            m.isolated_in_window.set(s.isolations.len() as i64);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn record(
+        &self,
+        kind: ActionKind,
+        target: &str,
+        incident: Option<&str>,
+        actor: &str,
+        reason: &str,
+        dry_run: bool,
+        result: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let id = crate::operate::action_id(now);
+        let a = ActionRecord {
+            id: id.clone(),
+            kind,
+            target: target.to_owned(),
+            incident: incident.map(str::to_owned),
+            actor: actor.to_owned(),
+            reason: reason.to_owned(),
+            dry_run,
+            status: ActionStatus::Intended,
+            result: None,
+            intended_at: now,
+            finished_at: None,
+        };
+        self.store.intend(&a).await?;
+        self.store
+            .finish(&id, ActionStatus::Done, result, now)
+            .await?;
+        if let Some(m) = &self.metrics {
+            let label = if dry_run { "dry_run" } else { "done" };
+            m.actions.with_label_values(&[kind.as_str(), label]).inc();
+        }
+        Ok(())
+    }
+
+    fn note(&self, out: &mut PassReport, id: &str, what: &str, mitigating: bool, now: Timestamp) {
+        if let Some(c) = self
+            .engine
+            .lock()
+            .remediation_note(id, what, mitigating, now)
+        {
+            if !out.changes.contains(&c) {
+                out.changes.push(c);
+            }
+        }
+    }
+
+    /// Put every live, undecided incident to the policy and act on what it says.
+    pub async fn pass(&self, now: Timestamp) -> Result<PassReport, RemedyError> {
+        let mut out = PassReport::default();
+        let mut s = self.state.lock().await;
+        s.prune(now, self.config.breaker.window);
+        let candidates: Vec<Incident> = self
+            .engine
+            .lock()
+            .incidents()
+            .iter()
+            .filter(|i| i.state != IncidentState::Resolved && !s.handled.contains_key(&i.id))
+            .cloned()
+            .collect();
+        for inc in candidates {
+            let waited_out = inc.diagnosis.is_some()
+                || now.secs_since(inc.detected_at) >= self.config.diagnosis_wait.as_secs_f64();
+            let rule = match self.policy.decide(&inc, &*s, now, waited_out) {
+                Decision::Wait(_) => continue,
+                Decision::Nothing => {
+                    s.handled.insert(inc.id.clone(), now.0);
+                    self.save(&s, now).await?;
+                    continue;
+                }
+                Decision::Act(rule) => rule.clone(),
+            };
+            out.decided += 1;
+            // Decided before acting: a restart is never repeated.
+            s.handled.insert(inc.id.clone(), now.0);
+            if let Some(rep) = &rule.when.repeat {
+                for key in repeat_keys(&inc, rep.per) {
+                    s.matches.push(Matched {
+                        rule: rule.name.clone(),
+                        key,
+                        at: now.0,
+                        incident: inc.id.clone(),
+                        count: rule.occurrences_in(&inc),
+                    });
+                }
+            }
+            self.save(&s, now).await?;
+            let prefix = if self.config.dry_run { "dry run: " } else { "" };
+            self.note(
+                &mut out,
+                &inc.id,
+                &format!(
+                    "{prefix}policy rule {} calls for {}",
+                    rule.name,
+                    rule.then
+                        .iter()
+                        .map(|a| a.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                false,
+                now,
+            );
+            self.act(&mut s, &mut out, &inc, &rule.name, &rule.then, now)
+                .await?;
+        }
+        self.publish(&s);
+        Ok(out)
+    }
+
+    /// The nodes an isolating action takes out.
+    fn nodes_for(&self, inc: &Incident, action: ActionName) -> Vec<NodeName> {
+        let mut nodes: Vec<NodeName> = inc.nodes.clone();
+        nodes.extend(inc.gpus.iter().map(|g| g.node.clone()));
+        if action == ActionName::IsolateGroup {
+            if let Some(d) = &inc.diagnosis {
+                nodes.extend(d.nodes.iter().cloned());
+            }
+        }
+        nodes.sort();
+        nodes.dedup();
+        nodes.retain(|n| crate::operate::check_node_name(n).is_ok());
+        if action == ActionName::IsolateGroup {
+            nodes.truncate(self.policy.max_group_nodes);
+        }
+        nodes
+    }
+
+    async fn act(
+        &self,
+        s: &mut RailsState,
+        out: &mut PassReport,
+        inc: &Incident,
+        rule: &str,
+        actions: &[ActionName],
+        now: Timestamp,
+    ) -> Result<(), RemedyError> {
+        let dry = self.config.dry_run;
+        let reason = format!("{rule}: {}", inc.summary);
+        let mut isolated: Vec<NodeName> = Vec::new();
+        let mut blocked = false;
+        for &action in actions {
+            if action == ActionName::Notify {
+                continue;
+            }
+            if let Some(t) = &s.tripped {
+                let what = format!(
+                    "{} not done: the circuit breaker is tripped ({}); reset it through \
+                     the API",
+                    action.as_str(),
+                    t.reason
+                );
+                self.note(out, &inc.id, &what, false, now);
+                break;
+            }
+            if action.isolates() {
+                for node in self.nodes_for(inc, action) {
+                    if s.isolations.iter().any(|i| i.node == node) {
+                        isolated.push(node);
+                        continue;
+                    }
+                    if let Some(&last) = s.last_isolated.get(&node) {
+                        if now.secs_since(Timestamp(last)) < self.config.node_cooldown.as_secs_f64()
+                        {
+                            let what = format!(
+                                "{} {node} not done: the node is in its cooldown",
+                                action.as_str()
+                            );
+                            self.note(out, &inc.id, &what, false, now);
+                            continue;
+                        }
+                    }
+                    if s.recent.len() >= self.config.max_actions_per_hour {
+                        let what = format!(
+                            "{} {node} not done: the rate limit ({} actions per hour) is reached",
+                            action.as_str(),
+                            self.config.max_actions_per_hour
+                        );
+                        self.note(out, &inc.id, &what, false, now);
+                        blocked = true;
+                        continue;
+                    }
+                    let cap = self.cap(self.known_nodes(now));
+                    if s.isolations.len() + 1 > cap {
+                        let why = format!(
+                            "isolating {node} would make {} nodes isolated within {}, over \
+                             the cap of {cap}",
+                            s.isolations.len() + 1,
+                            humantime::format_duration(self.config.breaker.window)
+                        );
+                        s.tripped = Some(Trip {
+                            at: now.0,
+                            reason: why.clone(),
+                            incident: inc.id.clone(),
+                        });
+                        self.save(s, now).await?;
+                        self.record(
+                            ActionKind::BreakerTrip,
+                            "breaker",
+                            Some(&inc.id),
+                            POLICY_ACTOR,
+                            &why,
+                            dry,
+                            "tripped: no more actions until a person resets it",
+                            now,
+                        )
+                        .await?;
+                        tracing::error!(incident = %inc.id, reason = %why, "remediation circuit breaker tripped");
+                        self.note(
+                            out,
+                            &inc.id,
+                            &format!("circuit breaker tripped: {why}"),
+                            false,
+                            now,
+                        );
+                        out.tripped = true;
+                        out.actions += 1;
+                        blocked = true;
+                        break;
+                    }
+                    s.isolations.push(Isolated {
+                        node: node.clone(),
+                        at: now.0,
+                        incident: inc.id.clone(),
+                    });
+                    s.last_isolated.insert(node.clone(), now.0);
+                    s.recent.push(now.0);
+                    self.save(s, now).await?;
+                    let req = Isolation {
+                        node: node.clone(),
+                        incident: Some(inc.id.clone()),
+                        reason: reason.clone(),
+                        by: POLICY_ACTOR.to_owned(),
+                        at: now,
+                        evict: action != ActionName::Cordon,
+                    };
+                    let result = if dry {
+                        format!("dry run: would {} {node}", action.as_str())
+                    } else {
+                        match self.actuator.isolate(&req).await {
+                            Ok(Outcome::Applied) => {
+                                self.store
+                                    .put_node(&NodeRecord {
+                                        name: node.clone(),
+                                        state: "drained".into(),
+                                        owner: POLICY_ACTOR.into(),
+                                        reason: reason.clone(),
+                                        incident: Some(inc.id.clone()),
+                                        since: now,
+                                        action: None,
+                                    })
+                                    .await?;
+                                format!("{} {node}: done", action.as_str())
+                            }
+                            Ok(Outcome::AlreadyDone) => {
+                                format!("{} {node}: already so", action.as_str())
+                            }
+                            Ok(Outcome::NotOurs { owner }) => {
+                                format!("{} {node}: left alone, held by {owner}", action.as_str())
+                            }
+                            Err(e) => format!("{} {node} failed: {e}", action.as_str()),
+                        }
+                    };
+                    self.record(
+                        ActionKind::Isolate,
+                        &node,
+                        Some(&inc.id),
+                        POLICY_ACTOR,
+                        &reason,
+                        dry,
+                        &result,
+                        now,
+                    )
+                    .await?;
+                    out.actions += 1;
+                    isolated.push(node);
+                    self.note(out, &inc.id, &result, !dry, now);
+                }
+                if blocked {
+                    break;
+                }
+            } else if action == ActionName::RestartJob {
+                self.restart(s, out, inc, &reason, &isolated, now).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn restart(
+        &self,
+        s: &mut RailsState,
+        out: &mut PassReport,
+        inc: &Incident,
+        reason: &str,
+        isolated: &[NodeName],
+        now: Timestamp,
+    ) -> Result<(), RemedyError> {
+        let dry = self.config.dry_run;
+        let Some(job) = inc.job.clone().filter(|j| !j.is_empty()) else {
+            self.note(
+                out,
+                &inc.id,
+                "restart_job not done: the incident names no job",
+                false,
+                now,
+            );
+            return Ok(());
+        };
+        if s.recent.len() >= self.config.max_actions_per_hour {
+            let what = "restart_job not done: the rate limit is reached";
+            self.note(out, &inc.id, what, false, now);
+            return Ok(());
+        }
+        let mut resume = None;
+        if let Some(template) = &self.config.checkpoint_dir {
+            let dir = PathBuf::from(template.replace("{job}", &job));
+            match checkpoint::scan(&dir, None) {
+                Ok(scan) => {
+                    for skipped in scan.skipped() {
+                        self.note(out, &inc.id, &format!("checkpoint {skipped}"), false, now);
+                    }
+                    resume = scan.latest();
+                }
+                Err(e) => self.note(out, &inc.id, &format!("no checkpoint: {e}"), false, now),
+            }
+        }
+        let last_step = self
+            .engine
+            .lock()
+            .rank_progress(&job)
+            .and_then(|ranks| ranks.iter().filter_map(|r| r.step).max());
+        let lost = match (&resume, last_step) {
+            (Some(r), Some(step)) => {
+                format!("; {} steps of work lost", step.saturating_sub(r.step))
+            }
+            _ => String::new(),
+        };
+        let from = match &resume {
+            Some(r) => format!("from {} (step {}, {})", r.path.display(), r.step, r.format),
+            None => "from the job's own start (no complete checkpoint found)".to_owned(),
+        };
+        let mut exclude: Vec<NodeName> = s.isolations.iter().map(|i| i.node.clone()).collect();
+        exclude.extend(isolated.iter().cloned());
+        exclude.sort();
+        exclude.dedup();
+        s.recent.push(now.0);
+        self.save(s, now).await?;
+        let req = Restart {
+            job: job.clone(),
+            namespace: None,
+            exclude: exclude.clone(),
+            resume,
+            incident: Some(inc.id.clone()),
+            at: now,
+        };
+        let result = if dry {
+            format!(
+                "dry run: would restart job {job} {from} without {}{lost}",
+                exclude.join(", ")
+            )
+        } else {
+            let r = self.actuator.restart(&req).await;
+            if let Some(m) = &self.metrics {
+                m.restart_latency
+                    .observe(now.secs_since(inc.detected_at).max(0.0));
+            }
+            match r {
+                Ok(Outcome::Applied | Outcome::AlreadyDone) => {
+                    format!(
+                        "restart of job {job} requested {from} without {}{lost}",
+                        exclude.join(", ")
+                    )
+                }
+                Ok(Outcome::NotOurs { owner }) => format!("restart of job {job} left to {owner}"),
+                Err(e) => format!("restart of job {job} failed: {e}"),
+            }
+        };
+        self.record(
+            ActionKind::Restart,
+            &job,
+            Some(&inc.id),
+            POLICY_ACTOR,
+            reason,
+            dry,
+            &result,
+            now,
+        )
+        .await?;
+        out.actions += 1;
+        self.note(out, &inc.id, &result, !dry, now);
+        Ok(())
+    }
+}
