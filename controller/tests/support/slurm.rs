@@ -290,6 +290,9 @@ impl SlurmCluster {
         let _ = writeln!(w, "SlurmdTimeout=30");
         let _ = writeln!(w, "MinJobAge=300");
         let _ = writeln!(w, "KillWait=2");
+        // A requeued job becomes eligible with no event that wakes the scheduler: its
+        // periodic pass (60 s by default) starts it.
+        let _ = writeln!(w, "SchedulerParameters=sched_interval=2");
         if let (Some(p), Some(e)) = (&prolog, &epilog) {
             let _ = writeln!(w, "PrologSlurmctld={}", p.display());
             let _ = writeln!(w, "EpilogSlurmctld={}", e.display());
