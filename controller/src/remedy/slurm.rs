@@ -184,8 +184,10 @@ impl SlurmActuator {
     /// of what it had and `req.exclude`. A pending job only gets the exclusion; a running
     /// (or suspended) one, and one that ended in failure (`FAILED`, `NODE_FAIL`,
     /// `BOOT_FAIL`, `PREEMPTED`, `TIMEOUT`, `OUT_OF_MEMORY`), is requeued first. A job
-    /// that completed or was cancelled is never run again ([`ActuatorError::Failed`]).
-    /// Already excluded and not running on any of them: [`Outcome::AlreadyDone`].
+    /// that completed or was cancelled is never run again ([`ActuatorError::Failed`]),
+    /// and one still completing is retried later ([`ActuatorError::Retry`]). Already
+    /// excluded and not running on any of them (a requeued job shows `COMPLETING` until
+    /// its processes are gone): [`Outcome::AlreadyDone`].
     pub async fn restart(&self, req: &Restart) -> Result<Outcome, ActuatorError> {
         let id = req.job.as_str();
         check_job_id(id)?;
