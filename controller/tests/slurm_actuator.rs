@@ -2,11 +2,13 @@
 //! marked reason, leaves alone and never resumes another owner's drain, resumes its own,
 //! requeues a running job without a node (and the job runs again elsewhere), only
 //! excludes for a pending job, never reruns a completed one, and says NotFound for an
-//! unknown node or job. Everything is read back with Slurm's own commands.
+//! unknown node or job. Everything is read back with Slurm's own commands. A slurmctld
+//! that does not answer is a step to retry.
 
 mod support;
 
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -248,6 +250,7 @@ async fn the_slurm_actuator_drains_resumes_and_requeues_on_a_real_cluster() {
         act.release(&release("n3")).await.expect("release n3"),
         Outcome::AlreadyDone
     );
+    eprintln!("nodes after {:?}", began.elapsed());
     // The other owner gives n2 back.
     slurm(
         &cluster,
@@ -298,6 +301,7 @@ async fn the_slurm_actuator_drains_resumes_and_requeues_on_a_real_cluster() {
             .expect("restart again"),
         Outcome::AlreadyDone
     );
+    eprintln!("requeued after {:?}", began.elapsed());
     let again = cluster.wait_job(id, "running again", JOB_TIMEOUT, |j| j.state == "RUNNING");
     assert_eq!(hosts(&cluster, &again.nodes), left, "{again:?}");
     assert_eq!(job_field(&cluster, id, "Restarts"), "1");
@@ -308,6 +312,7 @@ async fn the_slurm_actuator_drains_resumes_and_requeues_on_a_real_cluster() {
         Outcome::AlreadyDone
     );
 
+    eprintln!("ran again after {:?}", began.elapsed());
     // A pending job only gets the exclusion (all four nodes can never be free now).
     let pending = cluster.sbatch(&["--nodes=4", "--wrap", "true"]);
     cluster.wait_job(pending, "pending", JOB_TIMEOUT, |j| j.state == "PENDING");
@@ -335,4 +340,50 @@ async fn the_slurm_actuator_drains_resumes_and_requeues_on_a_real_cluster() {
     assert_eq!(job_field(&cluster, done, "Restarts"), "0");
 
     eprintln!("Slurm actuator checks took {:?}", began.elapsed());
+}
+
+#[tokio::test]
+async fn a_slurmctld_that_does_not_answer_is_retried_later() {
+    if !SlurmCluster::available() {
+        return;
+    }
+    // A configuration whose slurmctld port nothing listens on.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let conf = dir.path().join("slurm.conf");
+    let mut text = String::new();
+    let w = &mut text;
+    let _ = writeln!(w, "ClusterName=warden-nobody");
+    let _ = writeln!(w, "SlurmctldHost=localhost(127.0.0.1)");
+    let _ = writeln!(w, "SlurmctldPort={}", support::free_port());
+    let _ = writeln!(w, "NodeName=n1 CPUs=1 State=UNKNOWN");
+    let _ = writeln!(w, "PartitionName=debug Nodes=n1 Default=YES");
+    std::fs::write(&conf, text).expect("write slurm.conf");
+
+    // Slurm gives up after its own retries ("Unable to contact slurm controller").
+    let act = SlurmActuator::new(SlurmConfig {
+        slurm_conf: Some(conf.clone()),
+        ..SlurmConfig::default()
+    });
+    let r = act.isolate(&isolation("n1", "inc-1", "x")).await;
+    assert!(
+        matches!(&r, Err(ActuatorError::Retry { why, .. }) if why.contains("Unable to contact")),
+        "{r:?}"
+    );
+    // Or the actuator's timeout ends the command first.
+    let act = SlurmActuator::new(SlurmConfig {
+        slurm_conf: Some(conf),
+        command_timeout_secs: 1,
+        ..SlurmConfig::default()
+    });
+    let began = Instant::now();
+    let r = act.restart(&restart("12", &["n1"])).await;
+    assert!(
+        matches!(&r, Err(ActuatorError::Retry { why, .. }) if why.contains("did not finish")),
+        "{r:?}"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
 }
