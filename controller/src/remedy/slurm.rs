@@ -187,7 +187,8 @@ impl SlurmActuator {
     /// that completed or was cancelled is never run again ([`ActuatorError::Failed`]),
     /// and one still completing is retried later ([`ActuatorError::Retry`]). Already
     /// excluded and not running on any of them (a requeued job shows `COMPLETING` until
-    /// its processes are gone): [`Outcome::AlreadyDone`].
+    /// its processes are gone): [`Outcome::AlreadyDone`]. With no nodes to exclude a
+    /// running job is requeued every time: nothing tells an earlier restart apart.
     pub async fn restart(&self, req: &Restart) -> Result<Outcome, ActuatorError> {
         let id = req.job.as_str();
         check_job_id(id)?;
@@ -203,7 +204,8 @@ impl SlurmActuator {
                 excluded.push(n.clone());
             }
         }
-        let covered = excluded.len() == had.len();
+        // With nothing to exclude nothing marks an earlier restart: requeue again.
+        let covered = excluded.len() == had.len() && !req.exclude.is_empty();
         let requeue = match job.state.as_str() {
             "PENDING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "SPECIAL_EXIT" => false,
             "RUNNING" | "CONFIGURING" | "SUSPENDED" | "STOPPED" => {
@@ -232,14 +234,14 @@ impl SlurmActuator {
                 });
             }
         };
-        if !requeue && covered {
+        if !requeue && (covered || req.exclude.is_empty()) {
             return Ok(Outcome::AlreadyDone);
         }
         if requeue {
             self.scontrol(&format!("requeue job {id}"), &subject, &["requeue", id])
                 .await?;
         }
-        if !covered {
+        if excluded.len() > had.len() {
             self.scontrol(
                 &format!("exclude nodes from job {id}"),
                 &subject,
