@@ -86,6 +86,7 @@ fn the_controller_sees_slurm_jobs_start_and_end() {
     let cluster = SlurmCluster::start(&Options {
         nodes: 4,
         job_hook: Some(ctl.url()),
+        ..Options::default()
     });
     let one = cluster.sbatch(&["--job-name=warden-one", "--wrap", "sleep 3"]);
     check_job(&ctl, &cluster, one, "warden-one", 1);
@@ -117,6 +118,7 @@ fn a_job_whose_controller_is_down_or_silent_still_runs_and_completes() {
     let cluster = SlurmCluster::start(&Options {
         nodes: 1,
         job_hook: Some(down),
+        ..Options::default()
     });
     let id = cluster.sbatch(&["--wrap", "true"]);
     let done = cluster.wait_job(id, "finished", JOB_TIMEOUT, JobInfo::finished);

@@ -49,6 +49,9 @@ pub struct Options {
     /// Install the Warden job hook as PrologSlurmctld/EpilogSlurmctld, reporting to
     /// this controller URL.
     pub job_hook: Option<String>,
+    /// Job credential lifetime, seconds (`AuthInfo=...,cred_expire=`); `None`: Slurm's
+    /// 120. It is also how long a requeued job waits before it may start again.
+    pub cred_expire_secs: Option<u32>,
 }
 
 impl Default for Options {
@@ -56,6 +59,7 @@ impl Default for Options {
         Options {
             nodes: 4,
             job_hook: None,
+            cred_expire_secs: None,
         }
     }
 }
@@ -255,7 +259,11 @@ impl SlurmCluster {
         let _ = writeln!(w, "SlurmdPort={}", free_port());
         let _ = writeln!(w, "AuthType=auth/munge");
         let _ = writeln!(w, "CredType=cred/munge");
-        let _ = writeln!(w, "AuthInfo=socket={}", socket.display());
+        let cred_expire = opts
+            .cred_expire_secs
+            .map(|s| format!(",cred_expire={s}"))
+            .unwrap_or_default();
+        let _ = writeln!(w, "AuthInfo=socket={}{cred_expire}", socket.display());
         let _ = writeln!(w, "SlurmUser=root");
         let _ = writeln!(w, "SlurmdUser=root");
         let _ = writeln!(w, "StateSaveLocation={}", state.display());
@@ -282,6 +290,9 @@ impl SlurmCluster {
         let _ = writeln!(w, "SlurmdTimeout=30");
         let _ = writeln!(w, "MinJobAge=300");
         let _ = writeln!(w, "KillWait=2");
+        // A requeued job becomes eligible with no event that wakes the scheduler: its
+        // periodic pass (60 s by default) starts it.
+        let _ = writeln!(w, "SchedulerParameters=sched_interval=2");
         if let (Some(p), Some(e)) = (&prolog, &epilog) {
             let _ = writeln!(w, "PrologSlurmctld={}", p.display());
             let _ = writeln!(w, "EpilogSlurmctld={}", e.display());
