@@ -636,7 +636,7 @@ fn list_gpus(gpus: &[GpuRef]) -> String {
 }
 
 /// `t` as RFC 3339 in UTC with nanoseconds (`2024-05-01T12:00:00.000000001Z`).
-fn rfc3339(t: Timestamp) -> String {
+pub(crate) fn rfc3339(t: Timestamp) -> String {
     let ns = t.0;
     let secs = ns.div_euclid(1_000_000_000);
     let frac = ns.rem_euclid(1_000_000_000);
