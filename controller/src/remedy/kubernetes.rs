@@ -49,6 +49,9 @@ const NODE_ANNOTATIONS: [&str; 5] = [ANN_OWNER, ANN_REASON, ANN_INCIDENT, ANN_BY
 /// The taint value of a manual drain (one with no incident).
 pub const MANUAL: &str = "manual";
 
+/// The taint value of an isolation whose incident id is not a valid taint value.
+pub const INCIDENT: &str = "incident";
+
 /// Longest reason written to a node annotation, bytes (longer ones are cut).
 const MAX_REASON_BYTES: usize = 1024;
 
@@ -363,11 +366,12 @@ impl KubeActuator {
             return NodeStep::Done;
         }
         let mut new_taints: Vec<Value> = other_taints(node, &self.config.taint_key);
-        let value = req
-            .incident
-            .as_deref()
-            .filter(|i| is_label_value(i))
-            .unwrap_or(MANUAL);
+        // The incident id when it is a valid taint value (Warden's always are).
+        let value = match req.incident.as_deref() {
+            None => MANUAL,
+            Some(id) if is_label_value(id) => id,
+            Some(_) => INCIDENT,
+        };
         new_taints.push(json!({
             "key": self.config.taint_key,
             "value": value,
