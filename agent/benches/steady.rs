@@ -54,7 +54,7 @@ fn write_logs(path: &Path, bps: u64, stop: Arc<AtomicBool>, written: Arc<AtomicU
         let mut chunk = String::new();
         while total + (chunk.len() as u64) < due {
             iter += 1;
-            if iter % 100 == 0 {
+            if iter.is_multiple_of(100) {
                 chunk.push_str(&format!(
                     " [2026-11-22 10:{:02}:{:02}] iteration {:>8}/ 500000 | consumed samples: {:>12} | elapsed time per iteration (ms): 412.3 | learning rate: 2.999E-04 | global batch size:  1024 | lm loss: {:.6E} | loss scale: 1.0 | grad norm: {:.3} | number of skipped iterations:   0 | number of nan iterations:   0 |\n",
                     (iter / 60) % 60,

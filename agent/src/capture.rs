@@ -754,10 +754,8 @@ pub fn serve(
         }
         conns.retain_mut(|c| {
             let open = c.pump(capture, &mut chunk, on_message);
-            if !open {
-                if let Some(pid) = c.pid {
-                    capture.hung_up(pid, wall_ns());
-                }
+            if !open && let Some(pid) = c.pid {
+                capture.hung_up(pid, wall_ns());
             }
             open
         });

@@ -56,10 +56,10 @@ pub fn parse_line(line: &str) -> Option<KernelEvent> {
     if msg.is_empty() {
         return None;
     }
-    if msg.contains("NVRM") {
-        if let Some(ev) = parse_nvrm(msg) {
-            return Some(ev);
-        }
+    if msg.contains("NVRM")
+        && let Some(ev) = parse_nvrm(msg)
+    {
+        return Some(ev);
     }
     if msg.contains("fallen off the bus") {
         return Some(event(
@@ -69,10 +69,10 @@ pub fn parse_line(line: &str) -> Option<KernelEvent> {
             msg,
         ));
     }
-    if msg.contains("AER") {
-        if let Some(ev) = parse_aer(msg) {
-            return Some(ev);
-        }
+    if msg.contains("AER")
+        && let Some(ev) = parse_aer(msg)
+    {
+        return Some(ev);
     }
     if msg.contains("mce:") && msg.contains("Hardware Error") {
         let fatal = ["Fatal", "fatal", "PANIC", "Uncorrected", "uncorrected"];
@@ -83,10 +83,10 @@ pub fn parse_line(line: &str) -> Option<KernelEvent> {
         };
         return Some(event(NodeEventKind::MachineCheck, severity, msg, msg));
     }
-    if msg.contains("ut of memory") {
-        if let Some(ev) = parse_oom(msg) {
-            return Some(ev);
-        }
+    if msg.contains("ut of memory")
+        && let Some(ev) = parse_oom(msg)
+    {
+        return Some(ev);
     }
     parse_network(msg)
 }
@@ -96,43 +96,41 @@ pub fn parse_line(line: &str) -> Option<KernelEvent> {
 pub fn strip_prefix(line: &str) -> &str {
     let mut s = line.trim();
     // /dev/kmsg: `6,1234,5678901,-;message` (fields may follow the flags).
-    if let Some((head, rest)) = s.split_once(';') {
-        if head.len() <= 64
-            && head.bytes().next().is_some_and(|b| b.is_ascii_digit())
-            && head.bytes().filter(|&b| b == b',').count() >= 3
-            && head
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b",-+=".contains(&b))
-        {
-            s = rest;
-        }
+    if let Some((head, rest)) = s.split_once(';')
+        && head.len() <= 64
+        && head.bytes().next().is_some_and(|b| b.is_ascii_digit())
+        && head.bytes().filter(|&b| b == b',').count() >= 3
+        && head
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b",-+=".contains(&b))
+    {
+        s = rest;
     }
     // syslog / journal: `Mar 14 04:52:23 host kernel: message`.
-    if let Some(i) = s.find(" kernel: ") {
-        if i <= 80 {
-            s = &s[i + " kernel: ".len()..];
-        }
+    if let Some(i) = s.find(" kernel: ")
+        && i <= 80
+    {
+        s = &s[i + " kernel: ".len()..];
     }
     // `dmesg -r`: `<4>message`.
-    if let Some(rest) = s.strip_prefix('<') {
-        if let Some((pri, after)) = rest.split_once('>') {
-            if !pri.is_empty() && pri.len() <= 3 && pri.bytes().all(|b| b.is_ascii_digit()) {
-                s = after;
-            }
-        }
+    if let Some(rest) = s.strip_prefix('<')
+        && let Some((pri, after)) = rest.split_once('>')
+        && !pri.is_empty()
+        && pri.len() <= 3
+        && pri.bytes().all(|b| b.is_ascii_digit())
+    {
+        s = after;
     }
     // dmesg timestamp: `[  312.587402] message`.
     let t = s.trim_start();
-    if let Some(rest) = t.strip_prefix('[') {
-        if let Some((ts, after)) = rest.split_once(']') {
-            if ts.len() <= 24
-                && ts
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || b == b'.' || b == b' ')
-            {
-                s = after;
-            }
-        }
+    if let Some(rest) = t.strip_prefix('[')
+        && let Some((ts, after)) = rest.split_once(']')
+        && ts.len() <= 24
+        && ts
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b == b'.' || b == b' ')
+    {
+        s = after;
     }
     s.trim()
 }
@@ -256,10 +254,10 @@ fn parse_aer(msg: &str) -> Option<KernelEvent> {
     let mut ev = event(NodeEventKind::Pcie, severity, msg, tail);
     // `pcieport 0000:00:03.0: AER: Corrected error received: 0000:3b:00.0`: the device
     // at fault is the one after "received".
-    if let Some(j) = tail.find("received:") {
-        if let Some(p) = pci::find(&tail[j + "received:".len()..]) {
-            ev.pci_bus_id = Some(p);
-        }
+    if let Some(j) = tail.find("received:")
+        && let Some(p) = pci::find(&tail[j + "received:".len()..])
+    {
+        ev.pci_bus_id = Some(p);
     }
     Some(ev)
 }

@@ -89,16 +89,17 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
             let mut w = shared.window.lock().unwrap_or_else(|e| e.into_inner());
             tailer.poll_with(now, &mut |line: LogLine| {
                 let found = extractor.extract(&line);
-                if let (Some(job), Some(metric)) = (line.job.as_deref(), &found.metric) {
-                    if let Some(tm) = metric.to_wire(line.rank) {
-                        ship::lock(&shared.pending).metric(job, tm);
-                        m.log_metrics.inc();
-                    }
+                if let (Some(job), Some(metric)) = (line.job.as_deref(), &found.metric)
+                    && let Some(tm) = metric.to_wire(line.rank)
+                {
+                    ship::lock(&shared.pending).metric(job, tm);
+                    m.log_metrics.inc();
                 }
-                if let Some(job) = line.job.as_deref() {
-                    if (found.watchdog.is_some() || found.notable) && limit.allow() {
-                        ship::lock(&shared.pending).log(job, line.to_record());
-                    }
+                if let Some(job) = line.job.as_deref()
+                    && (found.watchdog.is_some() || found.notable)
+                    && limit.allow()
+                {
+                    ship::lock(&shared.pending).log(job, line.to_record());
                 }
                 w.push(window_line(line));
             });

@@ -144,11 +144,9 @@ fn kmsg_loop(shared: Shared, mut log: KernelLog) {
     let mut failing = false;
     let mut mapped = false;
     loop {
-        if !mapped {
-            if let Some(map) = shared.gpu_map.lock().ok().and_then(|m| m.clone()) {
-                log.dedup_mut().set_gpu_map(&map);
-                mapped = true;
-            }
+        if !mapped && let Some(map) = shared.gpu_map.lock().ok().and_then(|m| m.clone()) {
+            log.dedup_mut().set_gpu_map(&map);
+            mapped = true;
         }
         match log.poll(wall_ns(), KMSG_LINES_PER_POLL, &mut events) {
             Ok(stats) => {

@@ -60,7 +60,7 @@ fn comm_hash(kind: u64, group: u32) -> u64 {
 /// One node's batch for second `sec` of the job.
 fn node_batch(node: u32, sec: u64, seq: u64) -> Batch {
     let base = T0 + sec as i64 * SEC;
-    let register = sec % REGISTER_EVERY_SECS == 0;
+    let register = sec.is_multiple_of(REGISTER_EVERY_SECS);
     let ranks = node * GPUS_PER_NODE..(node + 1) * GPUS_PER_NODE;
     let mut job = JobSignals {
         job: "bench-llama".into(),

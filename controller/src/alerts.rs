@@ -204,10 +204,10 @@ impl AlertsConfig {
             if let Some(m) = timeout(am.timeout_ms) {
                 bad("alertmanager.timeout_ms", m);
             }
-            if let Some(g) = &am.generator_url {
-                if let Err(m) = check_url(&g.replace("{incident}", "x")) {
-                    bad("alertmanager.generator_url", m);
-                }
+            if let Some(g) = &am.generator_url
+                && let Err(m) = check_url(&g.replace("{incident}", "x"))
+            {
+                bad("alertmanager.generator_url", m);
             }
         }
         if let Some(w) = &self.webhook {
@@ -345,10 +345,10 @@ impl AlertQueue {
 }
 
 fn count(metrics: Option<&Metrics>, sink: &str, result: &str, n: u64) {
-    if let Some(m) = metrics {
-        if n > 0 {
-            m.alerts_sent.with_label_values(&[sink, result]).inc_by(n);
-        }
+    if let Some(m) = metrics
+        && n > 0
+    {
+        m.alerts_sent.with_label_values(&[sink, result]).inc_by(n);
     }
 }
 
@@ -1114,14 +1114,14 @@ fn incident_message(s: &Snapshot, state: &'static str, suppressed: u64) -> Messa
         }
     }
     text.push_str(&format!(": {} (incident {})", s.summary, s.id));
-    if state == "resolved" {
-        if let Some(at) = s.resolved_at {
-            let secs = at.secs_since(s.detected_at).max(0.0);
-            text.push_str(&format!(
-                ", after {}",
-                humantime::format_duration(Duration::from_secs(secs as u64),)
-            ));
-        }
+    if state == "resolved"
+        && let Some(at) = s.resolved_at
+    {
+        let secs = at.secs_since(s.detected_at).max(0.0);
+        text.push_str(&format!(
+            ", after {}",
+            humantime::format_duration(Duration::from_secs(secs as u64),)
+        ));
     }
     if suppressed > 0 {
         text.push_str(&format!(

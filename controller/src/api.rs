@@ -588,10 +588,10 @@ fn json_body<T: serde::de::DeserializeOwned>(
         Err(r) => return Err(ApiError::new(r.status(), r.body_text())),
     };
     // No body, or JSON `null`, is the default where the body is optional.
-    if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
-        if let Some(v) = empty {
-            return Ok(v);
-        }
+    if (bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null")
+        && let Some(v) = empty
+    {
+        return Ok(v);
     }
     serde_json::from_slice(bytes)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))

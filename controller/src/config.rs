@@ -323,10 +323,10 @@ impl ControllerConfig {
             .or_else(|| parsed.tokens_file.clone());
 
         // The file.
-        if let Some(l) = &parsed.listen {
-            if let Some(a) = parse_listen(l, &file_origin, &mut errors) {
-                cfg.listen = a;
-            }
+        if let Some(l) = &parsed.listen
+            && let Some(a) = parse_listen(l, &file_origin, &mut errors)
+        {
+            cfg.listen = a;
         }
         let mut batch_origin = file_origin.clone();
         let mut batch = parsed.max_batch_bytes;
@@ -350,10 +350,10 @@ impl ControllerConfig {
         }
 
         // The environment.
-        if let Some(v) = env("WARDEN_LISTEN") {
-            if let Some(a) = parse_listen(&v, "environment WARDEN_LISTEN", &mut errors) {
-                cfg.listen = a;
-            }
+        if let Some(v) = env("WARDEN_LISTEN")
+            && let Some(a) = parse_listen(&v, "environment WARDEN_LISTEN", &mut errors)
+        {
+            cfg.listen = a;
         }
         if let Some(v) = env("WARDEN_MAX_BATCH_BYTES") {
             batch_origin = "environment WARDEN_MAX_BATCH_BYTES".into();
@@ -365,10 +365,10 @@ impl ControllerConfig {
         }
 
         // The flags.
-        if let Some(l) = &flags.listen {
-            if let Some(a) = parse_listen(l, "flag --listen", &mut errors) {
-                cfg.listen = a;
-            }
+        if let Some(l) = &flags.listen
+            && let Some(a) = parse_listen(l, "flag --listen", &mut errors)
+        {
+            cfg.listen = a;
         }
 
         // Ranges.

@@ -124,11 +124,11 @@ impl DiagnosisConfig {
         if self.queue == 0 {
             bad("queue", "must be at least 1".to_owned());
         }
-        if let Some(llm) = &self.llm {
-            if let Err(errors) = llm.validate() {
-                for e in errors.0 {
-                    p.push((format!("diagnosis.llm.{}", e.field), e.problem));
-                }
+        if let Some(llm) = &self.llm
+            && let Err(errors) = llm.validate()
+        {
+            for e in errors.0 {
+                p.push((format!("diagnosis.llm.{}", e.field), e.problem));
             }
         }
         p

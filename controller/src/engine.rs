@@ -213,12 +213,12 @@ impl Engine {
         }
         let changes = self.book.fold(verdicts, now);
         for c in &changes {
-            if c.change == Change::Opened {
-                if let Some(inc) = self.book.get(&c.id) {
-                    self.stats
-                        .detection_latency_s
-                        .push((inc.kind, inc.detected_at.secs_since(inc.onset).max(0.0)));
-                }
+            if c.change == Change::Opened
+                && let Some(inc) = self.book.get(&c.id)
+            {
+                self.stats
+                    .detection_latency_s
+                    .push((inc.kind, inc.detected_at.secs_since(inc.onset).max(0.0)));
             }
         }
         changes

@@ -295,10 +295,10 @@ impl IncidentBook {
         findings.sort_by_key(|f| precedence(f.kind));
         let mut changes: Vec<IncidentChange> = Vec::new();
         for f in findings {
-            if let Some(c) = self.fold_one(f, now) {
-                if !changes.contains(&c) {
-                    changes.push(c);
-                }
+            if let Some(c) = self.fold_one(f, now)
+                && !changes.contains(&c)
+            {
+                changes.push(c);
             }
         }
         for i in 0..self.incidents.len() {

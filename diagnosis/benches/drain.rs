@@ -26,11 +26,11 @@ use warden_diagnosis::loggen::{GenConfig, LogGen, write_log};
 
 fn main() {
     let mode = std::env::var("DRAIN_BENCH_MODE").unwrap_or_else(|_| "both".to_owned());
-    if mode == "file" || mode == "both" {
-        if let Err(e) = bench_file() {
-            eprintln!("drain bench (file): {e}");
-            std::process::exit(1);
-        }
+    if (mode == "file" || mode == "both")
+        && let Err(e) = bench_file()
+    {
+        eprintln!("drain bench (file): {e}");
+        std::process::exit(1);
     }
     if mode == "stream" || mode == "both" {
         bench_stream();

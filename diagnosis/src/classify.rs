@@ -247,10 +247,11 @@ impl<'r> Classifier<'r> {
         }
         for other in scores.iter().skip(1).take(3) {
             let (r, _, _) = other.rules[0];
-            if let Some(hit) = self.kept[r].hits().next() {
-                if evidence.len() < MAX_EVIDENCE && !evidence.iter().any(|e| e.id == hit.line) {
-                    evidence.push(evidence_line(self.rules, hit, "rule (other category)"));
-                }
+            if let Some(hit) = self.kept[r].hits().next()
+                && evidence.len() < MAX_EVIDENCE
+                && !evidence.iter().any(|e| e.id == hit.line)
+            {
+                evidence.push(evidence_line(self.rules, hit, "rule (other category)"));
             }
         }
         evidence.truncate(MAX_EVIDENCE);
@@ -552,12 +553,14 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
                 .strip_prefix('[')
                 .and_then(|s| s.strip_suffix(']'))
                 .filter(|g| numeric(g));
-            if let Some(gpu) = gpu {
-                if numeric(pid) && numeric(tid) && is_hostname(host) {
-                    out.push((Field::Host, (*host).to_owned()));
-                    out.push((Field::Pid, (*pid).to_owned()));
-                    out.push((Field::Gpu, gpu.to_owned()));
-                }
+            if let Some(gpu) = gpu
+                && numeric(pid)
+                && numeric(tid)
+                && is_hostname(host)
+            {
+                out.push((Field::Host, (*host).to_owned()));
+                out.push((Field::Pid, (*pid).to_owned()));
+                out.push((Field::Gpu, gpu.to_owned()));
             }
         }
     }

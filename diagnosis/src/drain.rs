@@ -484,11 +484,11 @@ impl Miner {
                         cut
                     }
                 };
-                if let Some((bytes, hash)) = shape {
-                    if self.stats.tokens_over_cap == over_cap {
-                        self.shapes
-                            .insert(hash, bytes, &self.line_tokens, cut, tick);
-                    }
+                if let Some((bytes, hash)) = shape
+                    && self.stats.tokens_over_cap == over_cap
+                {
+                    self.shapes
+                        .insert(hash, bytes, &self.line_tokens, cut, tick);
                 }
                 cut
             }
@@ -594,14 +594,13 @@ impl Miner {
 
     /// Id of a token without digits (its masked form is itself).
     fn intern_raw(&mut self, raw: &[u8], key: u64) -> u32 {
-        if let Some(&id) = self.by_hash.get(&key) {
-            if self
+        if let Some(&id) = self.by_hash.get(&key)
+            && self
                 .token_text
                 .get(id as usize)
                 .is_some_and(|t| t.as_bytes() == raw)
-            {
-                return id;
-            }
+        {
+            return id;
         }
         let interned = match std::str::from_utf8(raw) {
             Ok(text) => self.intern_new(text),
@@ -612,13 +611,13 @@ impl Miner {
 
     /// Id of a token with digits, by its masked form.
     fn intern_masked(&mut self, raw: &[u8], key: u64) -> u32 {
-        if let Some(&id) = self.by_hash.get(&key) {
-            if let Some(text) = self.token_text.get(id as usize) {
-                let mut same = PieceEq::new(text.as_bytes());
-                mask_pieces(raw, &mut same);
-                if same.matched() {
-                    return id;
-                }
+        if let Some(&id) = self.by_hash.get(&key)
+            && let Some(text) = self.token_text.get(id as usize)
+        {
+            let mut same = PieceEq::new(text.as_bytes());
+            mask_pieces(raw, &mut same);
+            if same.matched() {
+                return id;
             }
         }
         let mut masked = std::mem::take(&mut self.masked);
@@ -662,14 +661,13 @@ impl Miner {
 
     fn intern_node(&mut self, node: &str) -> Option<u32> {
         // Lines come in runs from one node; one remembered entry saves most lookups.
-        if let Some(last) = self.last_node {
-            if self
+        if let Some(last) = self.last_node
+            && self
                 .node_text
                 .get(last as usize)
                 .is_some_and(|n| &**n == node)
-            {
-                return Some(last);
-            }
+        {
+            return Some(last);
         }
         let id = self.intern_node_slow(node)?;
         self.last_node = Some(id);

@@ -493,10 +493,10 @@ impl EntityParser {
                     Step::Host => first.map(|h| Entity::Host(short_host(h))),
                     Step::Ignore => None,
                 };
-                if let Some(e) = entity {
-                    if !out.contains(&e) {
-                        out.push(e);
-                    }
+                if let Some(e) = entity
+                    && !out.contains(&e)
+                {
+                    out.push(e);
                 }
             }
             for span in spans {

@@ -154,10 +154,10 @@ impl<R: BufRead> LineReader<R> {
         if truncated {
             self.stats.truncated_lines += 1;
             // Do not count a character split by the cut as invalid.
-            if let Err(e) = std::str::from_utf8(&self.buf) {
-                if e.error_len().is_none() {
-                    self.buf.truncate(e.valid_up_to());
-                }
+            if let Err(e) = std::str::from_utf8(&self.buf)
+                && e.error_len().is_none()
+            {
+                self.buf.truncate(e.valid_up_to());
             }
         }
         let mut text = match std::str::from_utf8(&self.buf) {

@@ -439,7 +439,7 @@ impl LogGen {
                     format!(" data_loader worker {worker}: prefetched shard /data/tokens/shard_{shard:05}.bin ({n} samples) in {secs:.2}s"),
                 );
             }
-            if it % 50 == 0 {
+            if it.is_multiple_of(50) {
                 let alloc = 30_000.0 + self.rng.unit() * 8_000.0;
                 self.push(
                     Source::Rank(rank),
@@ -489,7 +489,7 @@ impl LogGen {
             t,
             format!(" [INFO] [logging.py:96:log_dist] [Rank 0] step={it}, skipped=0, lr=[{lr:.7}], mom=[(0.9, 0.95)]"),
         );
-        if it % 10 == 0 {
+        if it.is_multiple_of(10) {
             let fb = elapsed - 40.0;
             self.push(
                 Source::Rank(last),
@@ -523,7 +523,7 @@ impl LogGen {
                 ),
             );
         }
-        if it % 1000 == 0 {
+        if it.is_multiple_of(1000) {
             self.push(
                 Source::Rank(0),
                 t,
@@ -540,7 +540,7 @@ impl LogGen {
             }
             self.now_ms += 9_000;
         }
-        if it % 5000 == 0 {
+        if it.is_multiple_of(5000) {
             // A new communicator (e.g. an eval group) every few thousand iterations.
             let t = self.now_ms;
             self.comm_init(t, it);

@@ -300,10 +300,10 @@ impl WatchdogScan {
 
     /// Reads one line; returns whether it was a watchdog line.
     pub fn push(&mut self, line: &LogLine) -> bool {
-        if let Some(rank) = line.rank.or_else(|| global_rank(&line.text)) {
-            if self.ranks_seen.len() < MAX_STATES {
-                self.ranks_seen.insert(rank);
-            }
+        if let Some(rank) = line.rank.or_else(|| global_rank(&line.text))
+            && self.ranks_seen.len() < MAX_STATES
+        {
+            self.ranks_seen.insert(rank);
         }
         let Some(record) = parse(line) else {
             return false;

@@ -257,7 +257,7 @@ impl Physics {
                     stop = self.stop_point(rank).map(|p| (i, rank, p));
                 }
                 FaultKind::Xid { code, .. }
-                    if f.active_at(k) && (k - f.step) % 50 == 0 && !is_fatal_xid(code) =>
+                    if f.active_at(k) && (k - f.step).is_multiple_of(50) && !is_fatal_xid(code) =>
                 {
                     let Some(rank) = self.xid_rank(i) else {
                         continue;
@@ -316,8 +316,8 @@ impl Physics {
         let tokens_per_rank = 4096.0 * 8.0;
         let mut all_done = true;
         let mut step_end = 0.0_f64;
-        let checkpoint =
-            noise.checkpoint_every_steps > 0 && (k + 1) % noise.checkpoint_every_steps == 0;
+        let checkpoint = noise.checkpoint_every_steps > 0
+            && (k + 1).is_multiple_of(noise.checkpoint_every_steps);
         let last = k + 1 == self.scenario.steps;
         for r in 0..world {
             let e = self.end[r];
@@ -343,17 +343,17 @@ impl Physics {
             }
             let rank = r as u32;
             let node = rank / gpn;
-            if let Some((s, _, culprit)) = active_nan {
-                if k == s && rank == culprit {
-                    if let Some(i) = self.scenario.faults.iter().position(|f| {
-                        f.step == s && matches!(f.kind, FaultKind::Nan { rank } if rank == culprit)
-                    }) {
-                        self.onsets[i] = Onset {
-                            at: Some(e),
-                            rank: Some(rank),
-                        };
-                    }
-                }
+            if let Some((s, _, culprit)) = active_nan
+                && k == s
+                && rank == culprit
+                && let Some(i) = self.scenario.faults.iter().position(|f| {
+                    f.step == s && matches!(f.kind, FaultKind::Nan { rank } if rank == culprit)
+                })
+            {
+                self.onsets[i] = Onset {
+                    at: Some(e),
+                    rank: Some(rank),
+                };
             }
             self.emit(
                 agents,

@@ -359,15 +359,17 @@ impl Scenario {
             };
             let mut message = inner.to_string();
             // serde_yaml_ng prefixes some messages with (part of) the path: keep one.
-            if let Some((head, rest)) = message.split_once(": ") {
-                if !head.is_empty() && !head.contains(' ') && path.starts_with(head) {
-                    message = rest.to_owned();
-                }
+            if let Some((head, rest)) = message.split_once(": ")
+                && !head.is_empty()
+                && !head.contains(' ')
+                && path.starts_with(head)
+            {
+                message = rest.to_owned();
             }
-            if let Some(l) = &loc {
-                if !message.contains(" at line ") {
-                    message = format!("{message} at line {} column {}", l.line(), l.column());
-                }
+            if let Some(l) = &loc
+                && !message.contains(" at line ")
+            {
+                message = format!("{message} at line {} column {}", l.line(), l.column());
             }
             ScenarioError::Parse {
                 problem: Problem { path, message },
@@ -625,49 +627,49 @@ impl Scenario {
                 format!("a {} stops the job for good and cannot end", f.kind),
             );
         }
-        if let Some(u) = f.until_step {
-            if u <= f.step {
-                c.fail(
-                    at("until_step"),
-                    format!("{u} must be after step {}", f.step),
-                );
-            }
+        if let Some(u) = f.until_step
+            && u <= f.step
+        {
+            c.fail(
+                at("until_step"),
+                format!("{u} must be after step {}", f.step),
+            );
         }
-        if let Some(r) = f.rank {
-            if u64::from(r) >= ranks {
-                c.fail(
-                    at("rank"),
-                    format!("{r} is out of range (job has {ranks} ranks)"),
-                );
-            }
+        if let Some(r) = f.rank
+            && u64::from(r) >= ranks
+        {
+            c.fail(
+                at("rank"),
+                format!("{r} is out of range (job has {ranks} ranks)"),
+            );
         }
-        if let Some(node) = &f.node {
-            if self.node_index(node).is_none() {
-                c.fail(
-                    at("node"),
-                    format!(
-                        "no node {node:?} in the job (nodes are {} .. {})",
-                        self.node_name(0),
-                        self.node_name(self.job.nodes.saturating_sub(1))
-                    ),
-                );
-            }
+        if let Some(node) = &f.node
+            && self.node_index(node).is_none()
+        {
+            c.fail(
+                at("node"),
+                format!(
+                    "no node {node:?} in the job (nodes are {} .. {})",
+                    self.node_name(0),
+                    self.node_name(self.job.nodes.saturating_sub(1))
+                ),
+            );
         }
-        if let Some(g) = f.gpu {
-            if g >= self.job.gpus_per_node {
-                c.fail(
-                    at("gpu"),
-                    format!(
-                        "{g} is out of range (nodes have {} GPUs)",
-                        self.job.gpus_per_node
-                    ),
-                );
-            }
+        if let Some(g) = f.gpu
+            && g >= self.job.gpus_per_node
+        {
+            c.fail(
+                at("gpu"),
+                format!(
+                    "{g} is out of range (nodes have {} GPUs)",
+                    self.job.gpus_per_node
+                ),
+            );
         }
-        if let Some(s) = f.slowdown {
-            if !(s.is_finite() && s >= 1.0) {
-                c.fail(at("slowdown"), "must be >= 1.0");
-            }
+        if let Some(s) = f.slowdown
+            && !(s.is_finite() && s >= 1.0)
+        {
+            c.fail(at("slowdown"), "must be >= 1.0");
         }
         if c.problems.len() > before {
             return None;

@@ -350,8 +350,12 @@ const _: () = {
     assert!(offset_of!(Header, comm_name) == 192);
     assert!(offset_of!(Header, state) == 88);
     // Every u64 the writer touches atomically is 8-byte aligned.
-    assert!(off::COUNTERS % 8 == 0 && off::COLL % 8 == 0 && off::RING % 8 == 0);
-    assert!(off::STATE % 4 == 0 && off::FINISHED_NS % 8 == 0);
+    assert!(
+        off::COUNTERS.is_multiple_of(8)
+            && off::COLL.is_multiple_of(8)
+            && off::RING.is_multiple_of(8)
+    );
+    assert!(off::STATE.is_multiple_of(4) && off::FINISHED_NS.is_multiple_of(8));
 };
 
 #[cfg(test)]

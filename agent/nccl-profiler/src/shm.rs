@@ -79,7 +79,7 @@ unsafe impl Sync for Shm {}
 impl Shm {
     #[inline]
     fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        debug_assert!(offset % 8 == 0 && offset + 8 <= SEGMENT_SIZE);
+        debug_assert!(offset.is_multiple_of(8) && offset + 8 <= SEGMENT_SIZE);
         // SAFETY: `offset` comes from the layout constants: 8-aligned and inside the
         // mapping, which lives as long as `self` (forever; see the module docs). Other
         // threads touch these bytes only through atomics as well.
@@ -88,7 +88,7 @@ impl Shm {
 
     #[inline]
     fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        debug_assert!(offset % 4 == 0 && offset + 4 <= SEGMENT_SIZE);
+        debug_assert!(offset.is_multiple_of(4) && offset + 4 <= SEGMENT_SIZE);
         // SAFETY: as in `u64_at`, 4-aligned.
         unsafe { AtomicU32::from_ptr(self.base.add(offset).cast()) }
     }
@@ -313,7 +313,7 @@ impl Context {
         let start = self.slots.as_ptr() as usize;
         let end = start + self.slots.len() * size_of::<Slot>();
         let a = p as usize;
-        a >= start && a < end && (a - start) % size_of::<Slot>() == 0
+        a >= start && a < end && (a - start).is_multiple_of(size_of::<Slot>())
     }
 
     /// Record the start of a collective or p2p operation; the slot that follows it, or

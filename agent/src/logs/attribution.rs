@@ -231,10 +231,10 @@ impl FileAttribution {
         if let Some(r) = rank_tag(text) {
             return (Some(r), local, Some(RankSource::RankTag));
         }
-        if let (Some(base), Some(l)) = (self.local_rank_base, local) {
-            if let Some(r) = base.checked_add(l) {
-                return (Some(r), local, Some(RankSource::LocalRank));
-            }
+        if let (Some(base), Some(l)) = (self.local_rank_base, local)
+            && let Some(r) = base.checked_add(l)
+        {
+            return (Some(r), local, Some(RankSource::LocalRank));
         }
         if let Some(r) = self.pod_rank {
             return (Some(r), local, Some(RankSource::Pod));
@@ -297,13 +297,13 @@ pub fn split_pod_name(pod: &str) -> PodName {
         }
     }
     let mut role = None;
-    if (!nums.is_empty() || random) && toks.len() > 1 {
-        if let Some(t) = toks.last().copied() {
-            if ROLES.contains(&t) {
-                role = Some(t);
-                toks.pop();
-            }
-        }
+    if (!nums.is_empty() || random)
+        && toks.len() > 1
+        && let Some(t) = toks.last().copied()
+        && ROLES.contains(&t)
+    {
+        role = Some(t);
+        toks.pop();
     }
     let index = match (role, nums.as_slice()) {
         (Some("master" | "chief" | "leader" | "head"), [0]) => Some(0),

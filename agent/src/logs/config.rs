@@ -283,10 +283,10 @@ impl TailConfig {
                     p.push(format!("sources[{i}].paths[{j}]: invalid glob {g:?}: {e}"));
                 }
             }
-            if let Some(job) = &s.job {
-                if job.trim().is_empty() {
-                    p.push(format!("sources[{i}].job: empty"));
-                }
+            if let Some(job) = &s.job
+                && job.trim().is_empty()
+            {
+                p.push(format!("sources[{i}].job: empty"));
             }
             if s.ranks_per_pod == Some(0) {
                 p.push(format!("sources[{i}].ranks_per_pod: must be at least 1"));

@@ -165,14 +165,16 @@ pub fn parse_pod_log_path(path: &str) -> Option<PodLogPath> {
     if !restart.is_empty() && restart.bytes().all(|b| b.is_ascii_digit()) && file.contains(".log") {
         let mut it = grand.split('_');
         if let (Some(ns), Some(pod), Some(uid), None) = (it.next(), it.next(), it.next(), it.next())
+            && !ns.is_empty()
+            && !pod.is_empty()
+            && !uid.is_empty()
+            && !dir.is_empty()
         {
-            if !ns.is_empty() && !pod.is_empty() && !uid.is_empty() && !dir.is_empty() {
-                return Some(PodLogPath {
-                    namespace: ns.to_string(),
-                    pod: pod.to_string(),
-                    container: dir.to_string(),
-                });
-            }
+            return Some(PodLogPath {
+                namespace: ns.to_string(),
+                pod: pod.to_string(),
+                container: dir.to_string(),
+            });
         }
     }
     // /var/log/containers layout: <pod>_<ns>_<container>-<id>.log

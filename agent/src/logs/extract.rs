@@ -483,10 +483,10 @@ impl Extractor {
             counts,
         } = self;
         let set = per_source.get(line.source_index).unwrap_or(default_set);
-        if let Some(pf) = &set.prefilter {
-            if !pf.is_match(text) {
-                return None;
-            }
+        if let Some(pf) = &set.prefilter
+            && !pf.is_match(text)
+        {
+            return None;
         }
         for &pi in &set.members {
             let c = &mut presets[pi];

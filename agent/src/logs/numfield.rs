@@ -213,10 +213,10 @@ fn scan_num(bytes: &[u8], start: usize) -> Option<Option<usize>> {
     }
     // (?i:nan|inf(?:inity)?)
     let rest = bytes.get(body..).unwrap_or(&[]);
-    if let Some(&b) = rest.first() {
-        if !b.is_ascii() {
-            return None;
-        }
+    if let Some(&b) = rest.first()
+        && !b.is_ascii()
+    {
+        return None;
     }
     let starts =
         |word: &[u8]| rest.len() >= word.len() && rest[..word.len()].eq_ignore_ascii_case(word);

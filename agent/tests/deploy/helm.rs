@@ -365,10 +365,11 @@ fn number(n: &Number) -> Result<String, String> {
         if i.unsigned_abs() < 1_000_000 {
             return Ok(i.to_string());
         }
-    } else if let Some(f) = n.as_f64() {
-        if f.fract() != 0.0 && (1e-4..1e6).contains(&f.abs()) {
-            return Ok(format!("{f}"));
-        }
+    } else if let Some(f) = n.as_f64()
+        && f.fract() != 0.0
+        && (1e-4..1e6).contains(&f.abs())
+    {
+        return Ok(format!("{f}"));
     }
     Err(format!(
         "number {n} would not print as written (Helm reads values as float64: quote it in values.yaml)"

@@ -338,14 +338,21 @@ type Grant = (String, String, String, String, String);
 #[test]
 fn rbac_is_exactly_the_least_privilege_set() {
     let expected: BTreeSet<Grant> = [
-        (
-            "ClusterRole",
-            "",
-            "nodes",
-            &["get", "list", "watch", "patch"][..],
-        ),
+        ("ClusterRole", "", "nodes", &["get", "list", "patch"][..]),
         ("ClusterRole", "", "pods", &["list", "delete"][..]),
         ("ClusterRole", "", "pods/eviction", &["create"][..]),
+        (
+            "ClusterRole",
+            "jobset.x-k8s.io",
+            "jobsets",
+            &["get", "patch"][..],
+        ),
+        (
+            "ClusterRole",
+            "kubeflow.org",
+            "pytorchjobs",
+            &["get", "patch"][..],
+        ),
         (
             "Role",
             "coordination.k8s.io",

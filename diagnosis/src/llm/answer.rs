@@ -226,10 +226,10 @@ fn names_rank(text: &str, r: u32) -> bool {
     while let Some(i) = t[from..].find("rank") {
         let mut rest = &t[from + i + 4..];
         rest = rest.trim_start_matches(['s', ' ', '=', ':', '#', '[', '(']);
-        if let Some(after) = rest.strip_prefix(digits.as_str()) {
-            if !after.starts_with(|c: char| c.is_ascii_digit()) {
-                return true;
-            }
+        if let Some(after) = rest.strip_prefix(digits.as_str())
+            && !after.starts_with(|c: char| c.is_ascii_digit())
+        {
+            return true;
         }
         from += i + 4;
     }
@@ -245,10 +245,10 @@ fn names_gpu(text: &str, g: &str) -> bool {
             let mut from = 0;
             while let Some(i) = t[from..].find(word) {
                 let rest = t[from + i + word.len()..].trim_start_matches([' ', ':', '#', '=']);
-                if let Some(after) = rest.strip_prefix(g) {
-                    if !after.starts_with(|c: char| c.is_ascii_digit()) {
-                        return true;
-                    }
+                if let Some(after) = rest.strip_prefix(g)
+                    && !after.starts_with(|c: char| c.is_ascii_digit())
+                {
+                    return true;
                 }
                 from += i + word.len();
             }

@@ -446,16 +446,16 @@ impl LlmDiagnoser {
                 Ok(Ok(resp)) => {
                     lock(&inner.budget).settle(needed, 0);
                     let text = error_text(&resp.body, &inner.redactor);
-                    if matches!(resp.status, 400 | 422) {
-                        if let Some(next) = mode.fallback() {
-                            tracing::debug!(
-                                status = resp.status,
-                                ?next,
-                                "response format rejected; trying the next"
-                            );
-                            mode = next;
-                            continue;
-                        }
+                    if matches!(resp.status, 400 | 422)
+                        && let Some(next) = mode.fallback()
+                    {
+                        tracing::debug!(
+                            status = resp.status,
+                            ?next,
+                            "response format rejected; trying the next"
+                        );
+                        mode = next;
+                        continue;
                     }
                     let err = LlmError::Status {
                         status: resp.status,
