@@ -80,6 +80,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         .await
         .context("opening the demo's SQLite store")?;
     let operator = Operator {
+        remedy: None,
         engine: engine.clone(),
         persister: Arc::new(tokio::sync::Mutex::new(Persister::new(store.clone()))),
         store,

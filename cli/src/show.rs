@@ -85,6 +85,7 @@ pub fn verb(change: Change) -> &'static str {
         Change::Resolved => "RESOLVED",
         Change::Diagnosed => "DIAGNOSED",
         Change::Acknowledged => "ACKNOWLEDGED",
+        Change::Remediated => "REMEDIATED",
     }
 }
 
@@ -96,9 +97,11 @@ pub fn incident(change: Change, inc: &IncidentView) -> String {
     let at = match change {
         Change::Opened => inc.detected_s,
         Change::Resolved => inc.resolved_s.unwrap_or(inc.detected_s),
-        Change::Updated | Change::Reclassified | Change::Diagnosed | Change::Acknowledged => {
-            inc.timeline.last().map_or(inc.detected_s, |t| t.at_s)
-        }
+        Change::Updated
+        | Change::Reclassified
+        | Change::Diagnosed
+        | Change::Acknowledged
+        | Change::Remediated => inc.timeline.last().map_or(inc.detected_s, |t| t.at_s),
     };
     let mut s = String::new();
     let _ = writeln!(

@@ -121,6 +121,8 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
     ("GET", "/api/v1/jobs", Need::Read),
     ("GET", "/api/v1/jobs/{job}/ranks", Need::Read),
     ("GET", "/api/v1/actions", Need::Admin),
+    ("GET", "/api/v1/remediation", Need::Read),
+    ("POST", "/api/v1/remediation/breaker/reset", Need::Admin),
     ("GET", "/api/v1/whoami", Need::Read),
 ];
 
@@ -132,7 +134,9 @@ async fn guard(s: &ApiState, need: Need, mut req: Request, next: Next) -> Respon
     match s.auth.check(header, need) {
         Ok(p) => {
             let leadership = &s.operator.leadership;
-            if matches!(need, Need::Report | Need::Operate) && !leadership.is_leader() {
+            let writes = matches!(need, Need::Report | Need::Operate)
+                || (need == Need::Admin && req.method() != Method::GET);
+            if writes && !leadership.is_leader() {
                 // A follower does not act: the leader does.
                 return crate::forward::relay(req, leadership.leader_url(), leadership.id()).await;
             }
@@ -200,6 +204,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/jobs", get(list_jobs))
         .route("/api/v1/jobs/{job}/ranks", get(job_ranks))
         .route("/api/v1/whoami", get(whoami))
+        .route("/api/v1/remediation", get(remediation_status))
         .route_layer(middleware::from_fn_with_state(state.clone(), need_read));
     let operate = Router::new()
         .route("/api/v1/incidents/{id}/ack", post(ack_incident))
@@ -212,6 +217,10 @@ pub fn router(state: ApiState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), need_operate));
     let admin = Router::new()
         .route("/api/v1/actions", get(list_actions))
+        .route(
+            "/api/v1/remediation/breaker/reset",
+            post(reset_breaker).layer(DefaultBodyLimit::max(OPERATE_MAX_BYTES)),
+        )
         .route_layer(middleware::from_fn_with_state(state.clone(), need_admin));
     Router::new()
         .merge(report)
@@ -830,6 +839,88 @@ async fn list_actions(
         .then(|| actions.last().map(|a| a.id.clone()))
         .flatten();
     Ok(with_next_after(Json(actions).into_response(), next))
+}
+
+fn remedy(s: &ApiState) -> Result<&crate::remedy::run::Remediator, ApiError> {
+    s.operator.remedy.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "remediation is not running on this controller".to_owned(),
+        )
+    })
+}
+
+/// Remediation: dry run or acting, the actuator, and the circuit breaker.
+#[utoipa::path(
+    get,
+    path = "/api/v1/remediation",
+    tag = "remediation",
+    responses(
+        (status = 200, description = "Where remediation stands.", body = crate::remedy::run::RemedyStatus),
+        (status = 503, description = "Remediation is not running on this controller.", body = ApiError),
+    ),
+)]
+async fn remediation_status(
+    State(s): State<ApiState>,
+) -> Result<Json<crate::remedy::run::RemedyStatus>, ApiError> {
+    let r = remedy(&s)?;
+    Ok(Json(r.status(s.clock.now()).await))
+}
+
+/// Body of `POST /api/v1/remediation/breaker/reset`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct ResetBody {
+    /// Why it is safe to act again: at most 1024 characters, not blank, no control
+    /// characters but newline and tab.
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = r"^[^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F][^\u0000-\u0008\u000B-\u001F\u007F-\u009F]*$"
+    )]
+    reason: String,
+}
+
+/// Reset a tripped circuit breaker: remediation acts again, and its window starts
+/// afresh.
+#[utoipa::path(
+    post,
+    path = "/api/v1/remediation/breaker/reset",
+    tag = "remediation",
+    request_body(content = ResetBody, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Reset; remediation as it stands now.", body = crate::remedy::run::RemedyStatus),
+        (status = 400, description = "The body is not a valid request.", body = ApiError),
+        (status = 409, description = "The breaker is not tripped.", body = ApiError),
+        (status = 413, description = "The body is larger than 16 KiB.", body = ApiError),
+        (status = 503, description = "Remediation is not running, or the store is unavailable.", body = ApiError),
+    ),
+)]
+#[tracing::instrument(name = "breaker_reset", skip_all, fields(actor = %who.name))]
+async fn reset_breaker(
+    State(s): State<ApiState>,
+    Extension(who): Extension<Principal>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<crate::remedy::run::RemedyStatus>, ApiError> {
+    let b: ResetBody = json_body(&body, None)?;
+    crate::operate::check_reason("reason", &b.reason, true).map_err(operate_error)?;
+    let r = remedy(&s)?;
+    let now = s.clock.now();
+    match r.reset_breaker(&who.name, &b.reason, now).await {
+        Ok(trip) => {
+            tracing::warn!(tripped_for = %trip.reason, "circuit breaker reset by hand");
+            Ok(Json(r.status(now).await))
+        }
+        Err(crate::remedy::run::RemedyError::NotTripped) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "the circuit breaker is not tripped".to_owned(),
+        )),
+        Err(crate::remedy::run::RemedyError::Store(e)) => Err(store_error(&e)),
+        Err(e) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            e.to_string(),
+        )),
+    }
 }
 
 /// The caller, as the API sees them.

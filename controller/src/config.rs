@@ -53,6 +53,8 @@ pub struct ConfigFile {
     /// OpenTelemetry traces of the incident pipeline over OTLP (`docs/METRICS.md`,
     /// "Traces").
     pub traces: Option<crate::telemetry::TracesConfig>,
+    /// Remediation: policy, safety rails and the actuator (`docs/REMEDIATION.md`).
+    pub remediation: Option<crate::remedy::run::RemedyConfig>,
 }
 
 /// The settings a flag can override (`None`: not given).
@@ -110,6 +112,8 @@ pub struct ControllerConfig {
     /// Trace export (off unless an endpoint is configured here or in the standard
     /// `OTEL_EXPORTER_OTLP_*` variables).
     pub traces: crate::telemetry::TracesConfig,
+    /// Remediation (dry run unless turned on).
+    pub remediation: crate::remedy::run::RemedyConfig,
 }
 
 impl Default for ControllerConfig {
@@ -125,6 +129,7 @@ impl Default for ControllerConfig {
             advertise_url: None,
             tls: None,
             traces: crate::telemetry::TracesConfig::default(),
+            remediation: crate::remedy::run::RemedyConfig::default(),
         }
     }
 }
@@ -190,6 +195,7 @@ impl ConfigFile {
                     out.advertise_url = one.advertise_url.or(out.advertise_url);
                     out.tls = one.tls.or(out.tls);
                     out.traces = one.traces.or(out.traces);
+                    out.remediation = one.remediation.or(out.remediation);
                 }
                 Err(e) => errors.push(err(name, e.into_inner().to_string())),
             }
@@ -315,6 +321,16 @@ impl ControllerConfig {
                 });
             }
             cfg.traces = t.clone();
+        }
+        if let Some(r) = &parsed.remediation {
+            for (field, message) in r.problems() {
+                errors.push(ConfigError {
+                    origin: file_origin.clone(),
+                    field,
+                    message,
+                });
+            }
+            cfg.remediation = r.clone();
         }
         cfg.tokens_file = flags
             .tokens_file

@@ -288,7 +288,23 @@ async fn run(
     let leadership = Leadership::new(controller_id(), advertise);
     let alerts = warden_controller::alerts::start(config.alerts.clone(), Some(metrics.clone()))
         .context("starting incident alerts")?;
+    let remedy = warden_controller::remedy::run::Remediator::new(
+        config.remediation.clone(),
+        engine.clone(),
+        store.clone(),
+        Some(metrics.clone()),
+        clock.clone(),
+    )
+    .await
+    .context("setting up remediation")?;
+    tracing::info!(
+        dry_run = config.remediation.dry_run,
+        actuator = ?config.remediation.actuator,
+        "remediation {}",
+        if config.remediation.dry_run { "records what it would do (dry run)" } else { "acts" }
+    );
     let operator = Operator {
+        remedy: Some(remedy),
         engine: engine.clone(),
         persister: Arc::new(tokio::sync::Mutex::new(Persister::new(store.clone()))),
         store: store.clone(),
@@ -404,6 +420,9 @@ async fn lead(
             incidents = restored,
             "live incidents taken back from the store"
         );
+    }
+    if let Some(r) = &operator.remedy {
+        r.reload().await.context("reading the remediation state")?;
     }
     let finished = operate::recover(operator, clock.now())
         .await
@@ -531,6 +550,26 @@ async fn tick_loop(
                 tracing::error!(error = %e, "cannot write incidents to the store; retrying");
             }
             Err(_) => {}
+        }
+        if let Some(r) = &operator.remedy {
+            let span = tracing::info_span!(
+                target: telemetry::TARGET,
+                parent: &span,
+                "remediate",
+                decided = tracing::field::Empty,
+                actions = tracing::field::Empty,
+            );
+            let done = r.pass(now).instrument(span.clone()).await;
+            match done {
+                Ok(report) => {
+                    span.record("decided", report.decided);
+                    span.record("actions", report.actions);
+                    if let Some(q) = &operator.alerts {
+                        q.submit_changes(&engine.lock(), &report.changes);
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "remediation pass failed"),
+            }
         }
     }
 }

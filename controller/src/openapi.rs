@@ -37,6 +37,8 @@ pub const SECURITY_SCHEME: &str = "bearer";
         api::job_ranks,
         api::list_actions,
         api::whoami,
+        api::remediation_status,
+        api::reset_breaker,
         api::healthz,
         api::readyz,
         api::render_metrics,

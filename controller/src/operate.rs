@@ -134,6 +134,8 @@ pub struct Operator {
     pub leadership: Arc<crate::leader::Leadership>,
     /// Where finished actions are counted, if anywhere.
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Remediation (policy, rails, actuator), when it runs here.
+    pub remedy: Option<crate::remedy::run::Remediator>,
 }
 
 impl Operator {
@@ -147,6 +149,7 @@ impl Operator {
             alerts: None,
             leadership: crate::leader::Leadership::solo(),
             metrics: None,
+            remedy: None,
         })
     }
 

@@ -13,6 +13,7 @@ use warden_controller::api::{ApiState, ROUTES, router};
 use warden_controller::auth::{Auth, Role, hash_token};
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::Operator;
+use warden_controller::remedy::run::{RemedyConfig, Remediator};
 use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
 use warden_model::Timestamp;
 
@@ -35,10 +36,22 @@ async fn app() -> (Router, Operator) {
     );
     let auth = Auth::from_yaml(&yaml, "test").expect("tokens");
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
-    let operator = Operator::in_memory(engine.clone()).await.expect("store");
+    let mut operator = Operator::in_memory(engine.clone()).await.expect("store");
+    let clock = Arc::new(ManualClock::new(Timestamp(T0)));
+    operator.remedy = Some(
+        Remediator::new(
+            RemedyConfig::default(),
+            engine.clone(),
+            operator.store.clone(),
+            None,
+            clock.clone(),
+        )
+        .await
+        .expect("remediation"),
+    );
     let state = ApiState {
         engine,
-        clock: Arc::new(ManualClock::new(Timestamp(T0))),
+        clock,
         metrics: Arc::new(Metrics::new("test").expect("metrics")),
         max_batch_bytes: 1 << 20,
         auth: Arc::new(auth),

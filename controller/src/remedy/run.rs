@@ -69,6 +69,11 @@ pub enum ActuatorKind {
     None,
     /// The `script` program.
     Script,
+    /// Slurm, through `scontrol` (the `slurm` section).
+    Slurm,
+    /// Kubernetes, through the API server with the pod's service account (the
+    /// `kubernetes` section).
+    Kubernetes,
 }
 
 /// The `remediation` section of the controller configuration.
@@ -83,6 +88,12 @@ pub struct RemedyConfig {
     pub actuator: ActuatorKind,
     /// The script actuator's program.
     pub script: Option<ScriptConfig>,
+    /// The Slurm actuator.
+    pub slurm: super::slurm::SlurmConfig,
+    /// The Kubernetes actuator.
+    pub kubernetes: super::kubernetes::KubeConfig,
+    /// Namespace of a job whose id has none (`namespace/name` ids carry their own).
+    pub kubernetes_namespace: String,
     /// The circuit breaker.
     pub breaker: BreakerConfig,
     /// No second isolation of a node within this time of the last one.
@@ -104,6 +115,9 @@ impl Default for RemedyConfig {
             policy_file: None,
             actuator: ActuatorKind::None,
             script: None,
+            slurm: super::slurm::SlurmConfig::default(),
+            kubernetes: super::kubernetes::KubeConfig::default(),
+            kubernetes_namespace: "default".to_owned(),
             breaker: BreakerConfig::default(),
             node_cooldown: Duration::from_secs(1800),
             max_actions_per_hour: 30,
@@ -277,6 +291,9 @@ pub enum RemedyError {
     /// The breaker is not tripped.
     #[error("the circuit breaker is not tripped")]
     NotTripped,
+    /// The actuator could not be set up.
+    #[error("{0}")]
+    Actuator(String),
 }
 
 /// Carries actions out.
@@ -286,6 +303,10 @@ pub enum Actuator {
     None,
     /// A program of the operator's.
     Script(ScriptActuator),
+    /// Slurm.
+    Slurm(super::slurm::SlurmActuator),
+    /// Kubernetes.
+    Kubernetes(super::kubernetes::KubeActuator),
 }
 
 impl Actuator {
@@ -293,6 +314,8 @@ impl Actuator {
         match self {
             Actuator::None => Ok(Outcome::AlreadyDone),
             Actuator::Script(s) => s.isolate(req).await,
+            Actuator::Slurm(s) => s.isolate(req).await,
+            Actuator::Kubernetes(k) => k.isolate(req).await,
         }
     }
 
@@ -300,6 +323,8 @@ impl Actuator {
         match self {
             Actuator::None => Ok(Outcome::AlreadyDone),
             Actuator::Script(s) => s.restart(req).await,
+            Actuator::Slurm(s) => s.restart(req).await,
+            Actuator::Kubernetes(k) => k.restart(req).await,
         }
     }
 
@@ -307,6 +332,8 @@ impl Actuator {
         match self {
             Actuator::None => "none",
             Actuator::Script(_) => "script",
+            Actuator::Slurm(_) => "slurm",
+            Actuator::Kubernetes(_) => "kubernetes",
         }
     }
 }
@@ -320,6 +347,7 @@ pub struct Remediator {
     engine: SharedEngine,
     store: Store,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    clock: Arc<dyn crate::clock::Clock>,
     state: Arc<Mutex<RailsState>>,
 }
 
@@ -343,6 +371,7 @@ impl Remediator {
         engine: SharedEngine,
         store: Store,
         metrics: Option<Arc<crate::metrics::Metrics>>,
+        clock: Arc<dyn crate::clock::Clock>,
     ) -> Result<Remediator, RemedyError> {
         let policy = match &config.policy_file {
             Some(p) => Policy::load(p)?,
@@ -350,6 +379,18 @@ impl Remediator {
         };
         let actuator = match (&config.actuator, &config.script) {
             (ActuatorKind::Script, Some(s)) => Actuator::Script(ScriptActuator::new(s.clone())),
+            (ActuatorKind::Slurm, _) => {
+                Actuator::Slurm(super::slurm::SlurmActuator::new(config.slurm.clone()))
+            }
+            (ActuatorKind::Kubernetes, _) => {
+                let client = kube::Client::try_default()
+                    .await
+                    .map_err(|e| RemedyError::Actuator(format!("Kubernetes client: {e}")))?;
+                Actuator::Kubernetes(super::kubernetes::KubeActuator::new(
+                    client,
+                    config.kubernetes.clone(),
+                ))
+            }
             _ => Actuator::None,
         };
         let state = match store.remediation_state(STATE).await? {
@@ -365,10 +406,26 @@ impl Remediator {
             engine,
             store,
             metrics,
+            clock,
             state: Arc::new(Mutex::new(state)),
         };
         r.publish(&*r.state.lock().await);
         Ok(r)
+    }
+
+    /// Read the rails' state from the store again (on taking the lead: another
+    /// controller may have acted).
+    pub async fn reload(&self) -> Result<(), RemedyError> {
+        let state = match self.store.remediation_state(STATE).await? {
+            Some(doc) => {
+                serde_json::from_str(&doc).map_err(|e| RemedyError::State(e.to_string()))?
+            }
+            None => RailsState::default(),
+        };
+        let mut s = self.state.lock().await;
+        *s = state;
+        self.publish(&s);
+        Ok(())
     }
 
     /// The breaker's cap given `nodes` known nodes.
@@ -453,6 +510,26 @@ impl Remediator {
         result: &str,
         now: Timestamp,
     ) -> Result<(), StoreError> {
+        self.record_at(
+            kind, target, incident, actor, reason, dry_run, result, now, now,
+        )
+        .await
+    }
+
+    /// [`Remediator::record`] with its own finish time.
+    #[allow(clippy::too_many_arguments)]
+    async fn record_at(
+        &self,
+        kind: ActionKind,
+        target: &str,
+        incident: Option<&str>,
+        actor: &str,
+        reason: &str,
+        dry_run: bool,
+        result: &str,
+        now: Timestamp,
+        finished: Timestamp,
+    ) -> Result<(), StoreError> {
         let id = crate::operate::action_id(now);
         let a = ActionRecord {
             id: id.clone(),
@@ -469,7 +546,7 @@ impl Remediator {
         };
         self.store.intend(&a).await?;
         self.store
-            .finish(&id, ActionStatus::Done, result, now)
+            .finish(&id, ActionStatus::Done, result, finished)
             .await?;
         if let Some(m) = &self.metrics {
             let label = if dry_run { "dry_run" } else { "done" };
@@ -483,10 +560,9 @@ impl Remediator {
             .engine
             .lock()
             .remediation_note(id, what, mitigating, now)
+            && !out.changes.contains(&c)
         {
-            if !out.changes.contains(&c) {
-                out.changes.push(c);
-            }
+            out.changes.push(c);
         }
     }
 
@@ -557,10 +633,10 @@ impl Remediator {
     fn nodes_for(&self, inc: &Incident, action: ActionName) -> Vec<NodeName> {
         let mut nodes: Vec<NodeName> = inc.nodes.clone();
         nodes.extend(inc.gpus.iter().map(|g| g.node.clone()));
-        if action == ActionName::IsolateGroup {
-            if let Some(d) = &inc.diagnosis {
-                nodes.extend(d.nodes.iter().cloned());
-            }
+        if action == ActionName::IsolateGroup
+            && let Some(d) = &inc.diagnosis
+        {
+            nodes.extend(d.nodes.iter().cloned());
         }
         nodes.sort();
         nodes.dedup();
@@ -604,16 +680,15 @@ impl Remediator {
                         isolated.push(node);
                         continue;
                     }
-                    if let Some(&last) = s.last_isolated.get(&node) {
-                        if now.secs_since(Timestamp(last)) < self.config.node_cooldown.as_secs_f64()
-                        {
-                            let what = format!(
-                                "{} {node} not done: the node is in its cooldown",
-                                action.as_str()
-                            );
-                            self.note(out, &inc.id, &what, false, now);
-                            continue;
-                        }
+                    if let Some(&last) = s.last_isolated.get(&node)
+                        && now.secs_since(Timestamp(last)) < self.config.node_cooldown.as_secs_f64()
+                    {
+                        let what = format!(
+                            "{} {node} not done: the node is in its cooldown",
+                            action.as_str()
+                        );
+                        self.note(out, &inc.id, &what, false, now);
+                        continue;
                     }
                     if s.recent.len() >= self.config.max_actions_per_hour {
                         let what = format!(
@@ -790,9 +865,17 @@ impl Remediator {
         exclude.dedup();
         s.recent.push(now.0);
         self.save(s, now).await?;
+        let (namespace, name) = match job.split_once('/') {
+            Some((ns, name)) => (ns.to_owned(), name.to_owned()),
+            None => (self.config.kubernetes_namespace.clone(), job.clone()),
+        };
         let req = Restart {
-            job: job.clone(),
-            namespace: None,
+            job: if matches!(self.actuator, Actuator::Kubernetes(_)) {
+                name
+            } else {
+                job.clone()
+            },
+            namespace: matches!(self.actuator, Actuator::Kubernetes(_)).then_some(namespace),
             exclude: exclude.clone(),
             resume,
             incident: Some(inc.id.clone()),
@@ -805,10 +888,17 @@ impl Remediator {
             )
         } else {
             let r = self.actuator.restart(&req).await;
+            let issued = self.clock.now();
             if let Some(m) = &self.metrics {
                 m.restart_latency
-                    .observe(now.secs_since(inc.detected_at).max(0.0));
+                    .observe(issued.secs_since(inc.detected_at).max(0.0));
             }
+            tracing::info!(
+                incident = %inc.id,
+                job = %job,
+                seconds_since_detection = issued.secs_since(inc.detected_at),
+                "job restart requested"
+            );
             match r {
                 Ok(Outcome::Applied | Outcome::AlreadyDone) => {
                     format!(
@@ -820,7 +910,8 @@ impl Remediator {
                 Err(e) => format!("restart of job {job} failed: {e}"),
             }
         };
-        self.record(
+        let finished = if dry { now } else { self.clock.now() };
+        self.record_at(
             ActionKind::Restart,
             &job,
             Some(&inc.id),
@@ -829,6 +920,7 @@ impl Remediator {
             dry,
             &result,
             now,
+            finished,
         )
         .await?;
         out.actions += 1;

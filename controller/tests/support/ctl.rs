@@ -134,6 +134,33 @@ impl Ctl {
         (status, body)
     }
 
+    /// Post a heartbeat from `node` (so the controller knows the node).
+    pub fn ingest_heartbeat(&self, node: &str, seq: u64) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos() as i64;
+        let batch = Batch {
+            version: 0,
+            node: node.into(),
+            agent_id: format!("agent-{node}"),
+            boot_id: "boot-1".into(),
+            seq,
+            sent_at_ns: now,
+            jobs: vec![],
+            gpus: vec![],
+            events: vec![],
+            heartbeat: Some(Heartbeat::default()),
+        };
+        let (status, body) = self.call(
+            "POST",
+            "/api/v1/ingest",
+            "application/vnd.warden.batch",
+            &batch.encode_binary(),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+
     /// Post a batch from `node` with a fatal XID 79 on GPU 3.
     pub fn ingest_xid(&self, node: &str, seq: u64) {
         let now = SystemTime::now()

@@ -1,0 +1,235 @@
+//! Remediation's safety rails with the real binary and a real actuator (the script
+//! actuator running a shell script that records each request): a storm where 60 % of
+//! the nodes report fatal GPU faults at once isolates no more than the circuit
+//! breaker's cap, trips it (recorded in the audit log, shown by the API and the
+//! `warden_remediation_breaker_tripped` metric the shipped alert rule fires on), keeps
+//! it tripped across a restart, and acts again only after an admin resets it. The
+//! default install only records what it would do.
+
+mod support;
+
+use std::ffi::OsStr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use support::ctl::{Ctl, count, wait_until};
+
+const NODES: usize = 10;
+
+/// A script actuator that appends each request to `log` and succeeds.
+fn recorder(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let log = dir.join("actuator.log");
+    let script = dir.join("actuator.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho \"$WARDEN_ACTION $WARDEN_NODE $WARDEN_EVICT $WARDEN_INCIDENT\" >> {}\n",
+            log.display()
+        ),
+    )
+    .expect("write script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    (script, log)
+}
+
+fn start(dir: &Path, config: &Path) -> Ctl {
+    Ctl::start(
+        &[
+            OsStr::new("--data-dir"),
+            dir.as_os_str(),
+            OsStr::new("--config"),
+            config.as_os_str(),
+        ],
+        None,
+    )
+}
+
+fn lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every node is known; then `faulty` of them report a fatal XID at once.
+fn storm(c: &Ctl, faulty: usize) {
+    for i in 0..NODES {
+        c.ingest_heartbeat(&format!("node-{i}"), 1);
+    }
+    wait_until("all nodes known", || {
+        c.get("/api/v1/nodes")
+            .as_array()
+            .is_some_and(|n| n.len() == NODES)
+    });
+    for i in 0..faulty {
+        c.ingest_xid(&format!("node-{i}"), 2);
+    }
+}
+
+#[test]
+fn a_fault_storm_isolates_no_more_than_the_breaker_allows_and_trips_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (script, log) = recorder(dir.path());
+    let config = dir.path().join("controller.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "remediation:\n  dry_run: false\n  actuator: script\n  script:\n    program: {}\n  \
+             breaker:\n    max_nodes: 5\n    max_percent: 20\n    window: 1h\n",
+            script.display()
+        ),
+    )
+    .expect("write config");
+    let c = start(dir.path(), &config);
+    storm(&c, NODES * 6 / 10);
+    wait_until("six incidents decided and the breaker tripped", || {
+        c.get("/api/v1/remediation")["tripped"] == true
+            && c.incidents().iter().all(|i| {
+                i["timeline"].as_array().is_some_and(|t| {
+                    t.iter().any(|e| {
+                        e["what"]
+                            .as_str()
+                            .is_some_and(|w| w.contains("policy rule"))
+                    })
+                })
+            })
+    });
+    // The cap: 20 % of 10 nodes, below max_nodes.
+    let status = c.get("/api/v1/remediation");
+    assert_eq!(status["breaker_cap"], 2, "{status}");
+    assert_eq!(status["isolated_in_window"], 2, "{status}");
+    assert_eq!(status["dry_run"], false);
+    assert!(
+        status["tripped_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("over the cap of 2")),
+        "{status}"
+    );
+    let done = lines(&log);
+    assert_eq!(
+        done.len(),
+        2,
+        "the actuator ran exactly the cap's isolations: {done:?}"
+    );
+    assert!(
+        done.iter()
+            .all(|l| l.starts_with("isolate node-") && l.contains(" true inc-"))
+    );
+    // The trip is in the audit log once, and isolations number the cap.
+    let actions = c.actions();
+    let trips: Vec<_> = actions
+        .iter()
+        .filter(|a| a["kind"] == "breaker_trip")
+        .collect();
+    assert_eq!(trips.len(), 1, "{actions:?}");
+    assert_eq!(actions.iter().filter(|a| a["kind"] == "isolate").count(), 2);
+    // Later incidents say why nothing was done.
+    let blocked = c
+        .incidents()
+        .iter()
+        .filter(|i| {
+            i["timeline"].as_array().is_some_and(|t| {
+                t.iter().any(|e| {
+                    e["what"]
+                        .as_str()
+                        .is_some_and(|w| w.contains("circuit breaker is tripped"))
+                })
+            })
+        })
+        .count();
+    assert_eq!(
+        blocked, 3,
+        "six faults: two isolated, one tripped it, three refused"
+    );
+    // The metric the shipped alert rule fires on.
+    let (_, metrics) = support::http_get(c.port, "/metrics").expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "warden_remediation_breaker_tripped 1"),
+        "breaker metric"
+    );
+    c.kill();
+
+    // Still tripped after a restart: it waits for a person.
+    let c = start(dir.path(), &config);
+    assert_eq!(c.get("/api/v1/remediation")["tripped"], true);
+    let (status, body) = c.call(
+        "POST",
+        "/api/v1/remediation/breaker/reset",
+        "application/json",
+        br#"{"reason":"the storm was a bad driver push; nodes checked"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let after = c.get("/api/v1/remediation");
+    assert_eq!(after["tripped"], false, "{after}");
+    assert_eq!(after["isolated_in_window"], 0);
+    assert_eq!(count(&c.actions(), "breaker_reset", "breaker").len(), 1);
+    // A second reset has nothing to reset.
+    let (status, _) = c.call(
+        "POST",
+        "/api/v1/remediation/breaker/reset",
+        "application/json",
+        br#"{"reason":"again"}"#,
+    );
+    assert_eq!(status, 409);
+    // A new fault is acted on again.
+    c.ingest_xid("node-9", 3);
+    wait_until("the new fault isolated", || lines(&log).len() == 3);
+    assert!(lines(&log)[2].starts_with("isolate node-9 true"));
+    c.kill();
+}
+
+#[test]
+fn the_default_install_only_records_what_it_would_do() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (script, log) = recorder(dir.path());
+    let config = dir.path().join("controller.yaml");
+    // The actuator is configured, but dry_run is left at its default.
+    std::fs::write(
+        &config,
+        format!(
+            "remediation:\n  actuator: script\n  script:\n    program: {}\n",
+            script.display()
+        ),
+    )
+    .expect("write config");
+    let c = start(dir.path(), &config);
+    storm(&c, 1);
+    wait_until("the dry-run isolation recorded", || {
+        c.actions().iter().any(|a| a["kind"] == "isolate")
+    });
+    let status = c.get("/api/v1/remediation");
+    assert_eq!(status["dry_run"], true, "{status}");
+    let isolate = c
+        .actions()
+        .into_iter()
+        .find(|a| a["kind"] == "isolate")
+        .expect("isolate action");
+    assert_eq!(isolate["dry_run"], true, "{isolate}");
+    assert_eq!(isolate["target"], "node-0");
+    assert!(
+        isolate["result"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("dry run: would drain node-0")),
+        "{isolate}"
+    );
+    let noted = |inc: &serde_json::Value| {
+        inc["timeline"].as_array().is_some_and(|t| {
+            t.iter().any(|e| {
+                e["what"]
+                    .as_str()
+                    .is_some_and(|w| w.starts_with("dry run: policy rule gpu-fatal-xid"))
+            })
+        })
+    };
+    wait_until("the dry run on the timeline", || noted(&c.incidents()[0]));
+    let inc = &c.incidents()[0];
+    assert_ne!(
+        inc["state"], "mitigating",
+        "a dry run mitigates nothing: {inc}"
+    );
+    assert!(lines(&log).is_empty(), "the actuator never ran");
+    c.kill();
+}

@@ -1,0 +1,244 @@
+//! Remediation end to end on a real Slurm cluster (slurmctld and four slurmd nodes):
+//! a running two-node job's GPU falls off the bus; the real controller, acting (not a
+//! dry run) through the Slurm actuator, drains that node with Warden's reason and
+//! requeues the job without it, resuming from the latest complete Megatron checkpoint
+//! (the newest one is half-written and skipped), with the steps of work lost on the
+//! timeline. The time from detection to the restart command is measured and must stay
+//! within 30 s of Warden's own time.
+
+mod support;
+
+use std::ffi::OsStr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::ctl::{Ctl, wait_until};
+use support::slurm::{Options, SlurmCluster};
+use warden_model::wire::{
+    Batch, EventSeverity, Heartbeat, JobSignals, NodeEvent, NodeEventKind, RankInfo, TrainingMetric,
+};
+
+const JOB_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as i64
+}
+
+/// Rank 0 of `job` on GPU 3 of `node` at step 250, and that GPU falling off the bus.
+fn fault(node: &str, job: &str) -> Batch {
+    let now = now_ns();
+    Batch {
+        version: 0,
+        node: node.into(),
+        agent_id: format!("agent-{node}"),
+        boot_id: "boot-1".into(),
+        seq: 2,
+        sent_at_ns: now,
+        jobs: vec![JobSignals {
+            job: job.into(),
+            ranks: vec![RankInfo {
+                rank: 0,
+                world_size: 2,
+                pid: 4242,
+                gpu_index: Some(3),
+                gpu_uuid: "GPU-3".into(),
+            }],
+            metrics: vec![TrainingMetric {
+                rank: 0,
+                step: 250,
+                at_ns: now - 1_000_000,
+                loss: Some(2.5),
+                ..TrainingMetric::default()
+            }],
+            ..JobSignals::default()
+        }],
+        gpus: vec![],
+        events: vec![NodeEvent {
+            id: 1,
+            at_ns: now,
+            kind: NodeEventKind::Xid as i32,
+            severity: EventSeverity::Fatal as i32,
+            gpu_index: Some(3),
+            pci_bus_id: "0000:3b:00".into(),
+            code: Some(79),
+            message: "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.".into(),
+            count: 1,
+        }],
+        heartbeat: Some(Heartbeat::default()),
+    }
+}
+
+fn write(path: &std::path::Path, text: &str) {
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p).expect("mkdir");
+    }
+    std::fs::write(path, text).expect("write");
+}
+
+fn job_field(cluster: &SlurmCluster, id: u32, key: &str) -> String {
+    let out = cluster
+        .command("scontrol")
+        .args(["show", "job", &id.to_string(), "--oneliner"])
+        .output()
+        .expect("scontrol runs");
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    line.split(' ')
+        .find_map(|f| f.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{key}= in {line}"))
+        .to_owned()
+}
+
+#[test]
+fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_checkpoint() {
+    if !SlurmCluster::available() {
+        return;
+    }
+    let cluster = SlurmCluster::start(&Options {
+        nodes: 4,
+        cred_expire_secs: Some(5),
+        ..Options::default()
+    });
+    let id = cluster.sbatch(&[
+        "--job-name=warden-train",
+        "--nodes=2",
+        "--ntasks=2",
+        "--wrap",
+        "srun sleep 300",
+    ]);
+    let running = cluster.wait_job(id, "running", JOB_TIMEOUT, |j| j.state == "RUNNING");
+    let hosts = cluster.hostnames(&running.nodes);
+    let bad = hosts.first().expect("a node").clone();
+
+    // The job's checkpoints: step 200 complete, step 300 half-written.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ckpt = dir.path().join("ckpt").join(id.to_string());
+    write(&ckpt.join("latest_checkpointed_iteration.txt"), "200\n");
+    write(
+        &ckpt.join("iter_0000200/mp_rank_00/model_optim_rng.pt"),
+        "weights",
+    );
+    std::fs::create_dir_all(ckpt.join("iter_0000300/mp_rank_00")).expect("mkdir");
+
+    let config = dir.path().join("controller.yaml");
+    write(
+        &config,
+        &format!(
+            "remediation:\n  dry_run: false\n  actuator: slurm\n  slurm:\n    slurm_conf: {}\n  \
+             checkpoint_dir: {}/ckpt/{{job}}\n",
+            cluster.conf().display(),
+            dir.path().display()
+        ),
+    );
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    let c = Ctl::start(
+        &[
+            OsStr::new("--data-dir"),
+            data.as_os_str(),
+            OsStr::new("--config"),
+            config.as_os_str(),
+        ],
+        None,
+    );
+    for (i, n) in cluster.nodes().iter().enumerate() {
+        c.ingest_heartbeat(n, i as u64 + 1);
+    }
+    let sent = Instant::now();
+    let (status, body) = c.call(
+        "POST",
+        "/api/v1/ingest",
+        "application/vnd.warden.batch",
+        &fault(&bad, &id.to_string()).encode_binary(),
+    );
+    assert_eq!(status, 200, "{body}");
+    wait_until("the restart action", || {
+        c.actions().iter().any(|a| a["kind"] == "restart")
+    });
+    let seen = sent.elapsed();
+
+    let actions = c.actions();
+    let restart = actions
+        .iter()
+        .find(|a| a["kind"] == "restart")
+        .expect("restart action");
+    assert_eq!(restart["target"], id.to_string().as_str());
+    assert_eq!(restart["dry_run"], false);
+    let result = restart["result"].as_str().expect("result");
+    assert!(
+        result.starts_with(&format!("restart of job {id} requested from ")),
+        "{result}"
+    );
+    assert!(
+        result.contains("iter_0000200 (step 200, megatron)"),
+        "{result}"
+    );
+    assert!(result.contains(&format!("without {bad}")), "{result}");
+    assert!(result.ends_with("; 50 steps of work lost"), "{result}");
+    let isolate = actions
+        .iter()
+        .find(|a| a["kind"] == "isolate")
+        .expect("isolate action");
+    assert_eq!(isolate["target"], bad.as_str());
+    assert_eq!(isolate["result"], format!("drain {bad}: done").as_str());
+
+    // Detection to restart command, in Warden's own time.
+    let incidents = c.incidents();
+    let inc = incidents.first().expect("the incident");
+    let detected_ns = (inc["detected_s"].as_f64().expect("detected_s") * 1e9) as i64;
+    let finished_ns = restart["finished_at"].as_i64().expect("finished_at ns");
+    let latency = (finished_ns - detected_ns) as f64 / 1e9;
+    eprintln!(
+        "detection → restart command: {latency:.3} s (batch sent → restart seen by the test: \
+         {:.3} s)",
+        seen.as_secs_f64()
+    );
+    assert!(latency <= 30.0, "detection to restart took {latency:.3} s");
+
+    // Slurm's own view: the node drained with Warden's reason, the job requeued
+    // excluding it and running again elsewhere.
+    let out = cluster
+        .command("scontrol")
+        .args(["show", "node", &bad, "--oneliner"])
+        .output()
+        .expect("scontrol runs");
+    let node = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(node.contains("DRAIN"), "{node}");
+    assert!(
+        node.contains(&format!(
+            "Reason=warden: {}",
+            inc["id"].as_str().expect("id")
+        )),
+        "{node}"
+    );
+    assert!(job_field(&cluster, id, "ExcNodeList").contains(&bad));
+    assert_eq!(job_field(&cluster, id, "Restarts"), "1");
+    let again = cluster.wait_job(id, "running again", JOB_TIMEOUT, |j| j.state == "RUNNING");
+    assert!(
+        !cluster.hostnames(&again.nodes).contains(&bad),
+        "{again:?} avoids {bad}"
+    );
+
+    // The timeline tells the story, checkpoint skipped included.
+    wait_until("the timeline written", || {
+        c.incidents()[0]["timeline"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|e| e["what"].as_str() == Some(result)))
+    });
+    let inc = &c.incidents()[0];
+    let timeline: Vec<&str> = inc["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter_map(|e| e["what"].as_str())
+        .collect();
+    assert!(
+        timeline
+            .iter()
+            .any(|w| w.starts_with("checkpoint skipped iter_0000300")),
+        "{timeline:?}"
+    );
+    assert_eq!(inc["state"], "mitigating", "{inc}");
+    c.kill();
+}
