@@ -620,6 +620,7 @@ fn operate_error(e: OperateError) -> ApiError {
         OperateError::UnknownIncident(_) => StatusCode::NOT_FOUND,
         OperateError::Resolved(_) | OperateError::AlreadyDrained { .. } => StatusCode::CONFLICT,
         OperateError::NotDrained(_) => StatusCode::NOT_FOUND,
+        OperateError::Refused(_) => StatusCode::CONFLICT,
         OperateError::Store(e) => return store_error(e),
     };
     ApiError::new(status, e.to_string())
@@ -734,7 +735,7 @@ async fn list_nodes(State(s): State<ApiState>) -> Result<Json<Vec<NodeView>>, Ap
         (status = 201, description = "Drained.", body = NodeView),
         (status = 400, description = "The body or node name is not valid.", body = ApiError),
         (status = 404, description = "The incident named in the body does not exist.", body = ApiError),
-        (status = 409, description = "The node is already drained.", body = ApiError),
+        (status = 409, description = "The node is already drained, or the safety rails refuse it now (tripped circuit breaker, its cap, the rate limit).", body = ApiError),
         (status = 413, description = "The body is larger than 16 KiB.", body = ApiError),
         (status = 503, description = "The incident store is unavailable.", body = ApiError),
     ),

@@ -230,10 +230,10 @@ fn main() -> ExitCode {
         }
     };
     // Send the spans still queued while the runtime that sends them still runs.
-    if let Some(t) = traces {
-        if let Err(e) = t.shutdown() {
-            eprintln!("warden-controller: traces: {e}");
-        }
+    if let Some(t) = traces
+        && let Err(e) = t.shutdown()
+    {
+        eprintln!("warden-controller: traces: {e}");
     }
     code
 }

@@ -54,6 +54,9 @@ pub enum OperateError {
     /// The node is not drained.
     #[error("node {0:?} is not drained")]
     NotDrained(String),
+    /// The safety rails refuse it now (circuit breaker, rate limit).
+    #[error("{0}")]
+    Refused(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -249,6 +252,11 @@ impl Operator {
                 since_ns: n.since.0,
             });
         }
+        if let Some(r) = &self.remedy {
+            r.check_manual(name, now)
+                .await
+                .map_err(OperateError::Refused)?;
+        }
         let a = self
             .intend(ActionKind::Drain, name, incident, actor, reason, now)
             .await?;
@@ -361,7 +369,22 @@ impl Operator {
                         if !recovering {
                             failpoint("drain-applied").await;
                         }
-                        "drained".to_owned()
+                        match &self.remedy {
+                            Some(r) => {
+                                let done = r
+                                    .isolate_manual(
+                                        &a.target,
+                                        &a.actor,
+                                        &a.reason,
+                                        a.incident.as_deref(),
+                                        now,
+                                    )
+                                    .await
+                                    .map_err(|e| OperateError::Refused(e.to_string()))?;
+                                format!("drained; {done}")
+                            }
+                            None => "drained".to_owned(),
+                        }
                     }
                 }
             }
@@ -376,7 +399,13 @@ impl Operator {
             }
             ActionKind::Undrain => {
                 if self.store.remove_node(&a.target).await? {
-                    "undrained".to_owned()
+                    match &self.remedy {
+                        Some(r) => format!(
+                            "undrained; {}",
+                            r.release_manual(&a.target, &a.actor, now).await
+                        ),
+                        None => "undrained".to_owned(),
+                    }
                 } else {
                     "was not drained".to_owned()
                 }

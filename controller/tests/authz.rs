@@ -13,7 +13,7 @@ use warden_controller::api::{ApiState, ROUTES, router};
 use warden_controller::auth::{Auth, Role, hash_token};
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::Operator;
-use warden_controller::remedy::run::{RemedyConfig, Remediator};
+use warden_controller::remedy::run::{Remediator, RemedyConfig};
 use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
 use warden_model::Timestamp;
 

@@ -106,6 +106,11 @@ pub struct RemedyConfig {
     pub diagnosis_wait: Duration,
     /// Where a job's checkpoints are: `{job}` is replaced by the job id.
     pub checkpoint_dir: Option<String>,
+    /// Give a node remediation isolated back once it has been healthy this long: no
+    /// live incident names it, the last one ended at least this long ago, and its agent
+    /// is heard from. Unset: nodes stay out until a person undrains them.
+    #[serde(with = "duration_opt_text")]
+    pub auto_release_after: Option<Duration>,
 }
 
 impl Default for RemedyConfig {
@@ -123,6 +128,7 @@ impl Default for RemedyConfig {
             max_actions_per_hour: 30,
             diagnosis_wait: Duration::from_secs(20),
             checkpoint_dir: None,
+            auto_release_after: None,
         }
     }
 }
@@ -181,6 +187,26 @@ mod duration_text {
         })
     }
 }
+
+/// Optional durations written like `30m`.
+mod duration_opt_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let s: Option<String> = Option::deserialize(d)?;
+        s.map(|s| {
+            humantime::parse_duration(&s).map_err(|e| {
+                serde::de::Error::custom(format!("{s:?} is not a duration like 30m or 1h ({e})"))
+            })
+        })
+        .transpose()
+    }
+}
+
+/// How recently a node's agent must have been heard for the node to count as healthy.
+const AGENT_FRESH_SECS: f64 = 120.0;
 
 /// A node isolated within the breaker's window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -319,6 +345,15 @@ impl Actuator {
         }
     }
 
+    async fn release(&self, req: &super::Release) -> Result<Outcome, ActuatorError> {
+        match self {
+            Actuator::None => Ok(Outcome::AlreadyDone),
+            Actuator::Script(s) => s.release(req).await,
+            Actuator::Slurm(s) => s.release(req).await,
+            Actuator::Kubernetes(k) => k.release(req).await,
+        }
+    }
+
     async fn restart(&self, req: &Restart) -> Result<Outcome, ActuatorError> {
         match self {
             Actuator::None => Ok(Outcome::AlreadyDone),
@@ -426,6 +461,108 @@ impl Remediator {
         *s = state;
         self.publish(&s);
         Ok(())
+    }
+
+    /// Whether the rails let a person drain a node now: not while the breaker is
+    /// tripped, nor past the breaker's cap or the rate limit. `Err` says why not.
+    pub async fn check_manual(&self, node: &str, now: Timestamp) -> Result<(), String> {
+        let mut s = self.state.lock().await;
+        s.prune(now, self.config.breaker.window);
+        if let Some(t) = &s.tripped {
+            return Err(format!(
+                "the remediation circuit breaker is tripped ({}); reset it \
+                 (POST /api/v1/remediation/breaker/reset) before draining more nodes",
+                t.reason
+            ));
+        }
+        let cap = self.cap(self.known_nodes(now));
+        let counted = s.isolations.iter().any(|i| i.node == node);
+        if !counted && s.isolations.len() + 1 > cap {
+            return Err(format!(
+                "draining {node} would make {} nodes isolated within {}, over the circuit \
+                 breaker's cap of {cap}",
+                s.isolations.len() + 1,
+                humantime::format_duration(self.config.breaker.window)
+            ));
+        }
+        if s.recent.len() >= self.config.max_actions_per_hour {
+            return Err(format!(
+                "the remediation rate limit ({} actions per hour) is reached",
+                self.config.max_actions_per_hour
+            ));
+        }
+        Ok(())
+    }
+
+    /// A person's drain, through the same actuator: counted by the breaker and the rate
+    /// limit; in a dry run only recorded. Returns what came of it, in words.
+    pub async fn isolate_manual(
+        &self,
+        node: &str,
+        actor: &str,
+        reason: &str,
+        incident: Option<&str>,
+        now: Timestamp,
+    ) -> Result<String, RemedyError> {
+        let mut s = self.state.lock().await;
+        if !s.isolations.iter().any(|i| i.node == node) {
+            s.isolations.push(Isolated {
+                node: node.to_owned(),
+                at: now.0,
+                incident: incident.unwrap_or("manual").to_owned(),
+            });
+            s.recent.push(now.0);
+            s.last_isolated.insert(node.to_owned(), now.0);
+            self.save(&s, now).await?;
+        }
+        self.publish(&s);
+        drop(s);
+        if self.config.dry_run {
+            return Ok(format!(
+                "dry run: the {} actuator was not called",
+                self.actuator.name()
+            ));
+        }
+        let req = Isolation {
+            node: node.to_owned(),
+            incident: incident.map(str::to_owned),
+            reason: reason.to_owned(),
+            by: actor.to_owned(),
+            at: now,
+            evict: true,
+        };
+        Ok(match self.actuator.isolate(&req).await {
+            Ok(Outcome::Applied) => format!("{}: drained", self.actuator.name()),
+            Ok(Outcome::AlreadyDone) => format!("{}: already drained", self.actuator.name()),
+            Ok(Outcome::NotOurs { owner }) => {
+                format!("{}: left alone, held by {owner}", self.actuator.name())
+            }
+            Err(e) => format!("{} failed: {e}", self.actuator.name()),
+        })
+    }
+
+    /// A person's undrain (or the end of a node's isolation), through the same
+    /// actuator, which gives back only what Warden took. Returns what came of it.
+    pub async fn release_manual(&self, node: &str, actor: &str, now: Timestamp) -> String {
+        if self.config.dry_run {
+            return format!(
+                "dry run: the {} actuator was not called",
+                self.actuator.name()
+            );
+        }
+        let req = super::Release {
+            node: node.to_owned(),
+            by: actor.to_owned(),
+            at: now,
+        };
+        match self.actuator.release(&req).await {
+            Ok(Outcome::Applied) => format!("{}: given back", self.actuator.name()),
+            Ok(Outcome::AlreadyDone) => format!("{}: was in service", self.actuator.name()),
+            Ok(Outcome::NotOurs { owner }) => {
+                format!("{}: left alone, held by {owner}", self.actuator.name())
+            }
+            Err(e) => format!("{} failed: {e}", self.actuator.name()),
+        }
     }
 
     /// The breaker's cap given `nodes` known nodes.
@@ -625,8 +762,86 @@ impl Remediator {
             self.act(&mut s, &mut out, &inc, &rule.name, &rule.then, now)
                 .await?;
         }
+        drop(s);
+        self.release_healthy(&mut out, now).await?;
+        let s = self.state.lock().await;
         self.publish(&s);
         Ok(out)
+    }
+
+    /// Give back the nodes remediation isolated that have been healthy for
+    /// `auto_release_after`.
+    async fn release_healthy(
+        &self,
+        out: &mut PassReport,
+        now: Timestamp,
+    ) -> Result<(), RemedyError> {
+        let Some(after) = self.config.auto_release_after else {
+            return Ok(());
+        };
+        if self.config.dry_run {
+            return Ok(());
+        }
+        let held: Vec<NodeRecord> = self
+            .store
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|n| n.owner == POLICY_ACTOR)
+            .collect();
+        if held.is_empty() {
+            return Ok(());
+        }
+        for n in held {
+            let (troubled_until, live, heard) = {
+                let e = self.engine.lock();
+                let names = |i: &Incident| {
+                    i.nodes.contains(&n.name) || i.gpus.iter().any(|g| g.node == n.name)
+                };
+                let mine: Vec<&Incident> = e.incidents().iter().filter(|i| names(i)).collect();
+                let live = mine.iter().any(|i| i.state != IncidentState::Resolved);
+                let until = mine
+                    .iter()
+                    .filter_map(|i| i.resolved_at)
+                    .fold(n.since, |a, b| if b.0 > a.0 { b } else { a });
+                let heard = e
+                    .agents(now)
+                    .iter()
+                    .any(|(name, ago)| *name == n.name && *ago <= AGENT_FRESH_SECS);
+                (until, live, heard)
+            };
+            if live || !heard || now.secs_since(troubled_until) < after.as_secs_f64() {
+                continue;
+            }
+            let done = self.release_manual(&n.name, "auto-release", now).await;
+            if done.contains("failed") {
+                tracing::warn!(node = %n.name, result = %done, "auto-release failed; retried next pass");
+                continue;
+            }
+            self.store.remove_node(&n.name).await?;
+            let why = format!(
+                "healthy for {} (no live incident, agent heard)",
+                humantime::format_duration(after)
+            );
+            let result = format!("released {}; {done}", n.name);
+            self.record(
+                ActionKind::Undrain,
+                &n.name,
+                n.incident.as_deref(),
+                "auto-release",
+                &why,
+                false,
+                &result,
+                now,
+            )
+            .await?;
+            out.actions += 1;
+            tracing::info!(node = %n.name, "node given back after its health window");
+            if let Some(id) = &n.incident {
+                self.note(out, id, &format!("{result}: {why}"), false, now);
+            }
+        }
+        Ok(())
     }
 
     /// The nodes an isolating action takes out.
