@@ -200,6 +200,11 @@ impl Engine {
             .map(crate::lifecycle::JobLifecycle::phase)
     }
 
+    /// What the scheduler last said about job `job`, when it said anything.
+    pub fn job_lifecycle(&self, job: &str) -> Option<crate::lifecycle::JobLifecycle> {
+        self.cluster.jobs.get(job).and_then(|j| j.lifecycle.clone())
+    }
+
     /// Run every detector at `now` and fold their findings into incidents.
     pub fn tick(&mut self, now: Timestamp) -> Vec<IncidentChange> {
         self.stats.ticks += 1;

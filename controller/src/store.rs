@@ -19,6 +19,11 @@ use warden_model::{Incident, IncidentKind, IncidentState, TimelineEntry, Timesta
 use crate::clock::{Clock, SystemClock};
 
 /// The migrations, in order: (version, name, SQL).
+/// The schema version this binary brings its database to.
+pub fn latest_schema_version() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../migrations/0001_init.sql")),
     (

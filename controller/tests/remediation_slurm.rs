@@ -95,10 +95,12 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
     if !SlurmCluster::available() {
         return;
     }
+    // The job hook reports starts and ends; it points nowhere until the controller
+    // is up (a hook that cannot report never fails a job).
     let cluster = SlurmCluster::start(&Options {
         nodes: 4,
         cred_expire_secs: Some(5),
-        ..Options::default()
+        job_hook: Some("http://127.0.0.1:9".to_owned()),
     });
     let id = cluster.sbatch(&[
         "--job-name=warden-train",
@@ -142,6 +144,7 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
         ],
         None,
     );
+    cluster.set_controller_url(&format!("http://127.0.0.1:{}", c.port));
     for (i, n) in cluster.nodes().iter().enumerate() {
         c.ingest_heartbeat(n, i as u64 + 1);
     }
@@ -240,5 +243,18 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
         "{timeline:?}"
     );
     assert_eq!(inc["state"], "mitigating", "{inc}");
+
+    // Warden itself sees the job running again without the node (the scheduler's start
+    // report after the requeue).
+    wait_until("the restart verified", || {
+        c.incidents()[0]["timeline"].as_array().is_some_and(|t| {
+            t.iter().any(|e| {
+                e["what"].as_str().is_some_and(|w| {
+                    w.starts_with(&format!("verified: job {id} runs again on "))
+                        && w.ends_with(&format!(" without {bad}"))
+                })
+            })
+        })
+    });
     c.kill();
 }

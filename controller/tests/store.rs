@@ -7,7 +7,7 @@ mod support;
 
 use support::pg::TestDb;
 use warden_controller::store::{
-    ActionKind, ActionRecord, ActionStatus, IncidentFilter, NodeRecord, Store, StoreError,
+    self, ActionKind, ActionRecord, ActionStatus, IncidentFilter, NodeRecord, Store, StoreError,
 };
 use warden_model::{Incident, IncidentKind, IncidentState, Severity, TimelineEntry, Timestamp};
 
@@ -64,14 +64,22 @@ fn entry(at: i64, what: &str) -> TimelineEntry {
 #[tokio::test]
 async fn migrations_apply_once_and_reopen_cleanly() {
     for (name, store, guard) in backends().await {
-        assert_eq!(store.schema_version().await.expect("version"), 1, "{name}");
+        assert_eq!(
+            store.schema_version().await.expect("version"),
+            store::latest_schema_version(),
+            "{name}"
+        );
         // Opening the same database again finds everything applied.
         let again = match &guard {
             Guard::Dir(d) => Store::open_dir(d.path()).await,
             Guard::Db(db) => Store::open(db.url()).await,
         }
         .expect("reopen");
-        assert_eq!(again.schema_version().await.expect("version"), 1, "{name}");
+        assert_eq!(
+            again.schema_version().await.expect("version"),
+            store::latest_schema_version(),
+            "{name}"
+        );
         again.ping().await.expect("ping");
     }
 }
@@ -354,6 +362,40 @@ async fn a_newer_schema_is_refused() {
 async fn two_controllers_migrating_one_postgres_at_once_both_succeed() {
     let db = TestDb::create().await;
     let (a, b) = tokio::join!(Store::open(db.url()), Store::open(db.url()));
-    assert_eq!(a.expect("first").schema_version().await.expect("v"), 1);
-    assert_eq!(b.expect("second").schema_version().await.expect("v"), 1);
+    assert_eq!(
+        a.expect("first").schema_version().await.expect("v"),
+        store::latest_schema_version()
+    );
+    assert_eq!(
+        b.expect("second").schema_version().await.expect("v"),
+        store::latest_schema_version()
+    );
+}
+
+#[tokio::test]
+async fn remediation_state_round_trips() {
+    for (name, store, _guard) in backends().await {
+        assert_eq!(
+            store.remediation_state("rails").await.expect("read"),
+            None,
+            "{name}"
+        );
+        store
+            .put_remediation_state("rails", r#"{"tripped":null}"#, Timestamp(1))
+            .await
+            .expect("write");
+        store
+            .put_remediation_state("rails", r#"{"tripped":{"at":2}}"#, Timestamp(2))
+            .await
+            .expect("overwrite");
+        assert_eq!(
+            store
+                .remediation_state("rails")
+                .await
+                .expect("read")
+                .as_deref(),
+            Some(r#"{"tripped":{"at":2}}"#),
+            "{name}"
+        );
+    }
 }

@@ -111,6 +111,10 @@ pub struct RemedyConfig {
     /// is heard from. Unset: nodes stay out until a person undrains them.
     #[serde(with = "duration_opt_text")]
     pub auto_release_after: Option<Duration>,
+    /// How long after a restart the job must be seen running again (the scheduler's
+    /// start report) before the timeline says it was not.
+    #[serde(with = "duration_text")]
+    pub restart_verify_window: Duration,
 }
 
 impl Default for RemedyConfig {
@@ -129,6 +133,7 @@ impl Default for RemedyConfig {
             diagnosis_wait: Duration::from_secs(20),
             checkpoint_dir: None,
             auto_release_after: None,
+            restart_verify_window: Duration::from_secs(1800),
         }
     }
 }
@@ -230,6 +235,19 @@ pub struct Trip {
     pub incident: String,
 }
 
+/// A restarted job to be seen running again without its excluded nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verify {
+    /// The incident that called for the restart.
+    pub incident: String,
+    /// The job.
+    pub job: String,
+    /// Nodes it must not run on.
+    pub exclude: Vec<NodeName>,
+    /// When the restart was requested (ns since the epoch).
+    pub at: i64,
+}
+
 /// A past policy match, for `repeat`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Matched {
@@ -253,6 +271,16 @@ pub struct RailsState {
     pub last_isolated: BTreeMap<NodeName, i64>,
     /// Incidents decided, with when.
     pub handled: BTreeMap<String, i64>,
+    /// What a dry run would have isolated within the breaker's window (never counted
+    /// against real actions).
+    #[serde(default)]
+    pub dry_isolations: Vec<Isolated>,
+    /// Set when a dry run would have tripped the breaker.
+    #[serde(default)]
+    pub dry_tripped: Option<Trip>,
+    /// Restarted jobs not yet seen running again.
+    #[serde(default)]
+    pub verifying: Vec<Verify>,
     #[serde(default)]
     matches: Vec<Matched>,
 }
@@ -268,10 +296,45 @@ impl History for RailsState {
 }
 
 impl RailsState {
+    /// The isolations counted for real actions, or for a dry run's.
+    fn isolations_of(&self, dry: bool) -> &Vec<Isolated> {
+        if dry {
+            &self.dry_isolations
+        } else {
+            &self.isolations
+        }
+    }
+
+    fn isolations_mut(&mut self, dry: bool) -> &mut Vec<Isolated> {
+        if dry {
+            &mut self.dry_isolations
+        } else {
+            &mut self.isolations
+        }
+    }
+
+    /// The breaker's trip, real or a dry run's.
+    fn trip_of(&self, dry: bool) -> &Option<Trip> {
+        if dry {
+            &self.dry_tripped
+        } else {
+            &self.tripped
+        }
+    }
+
+    fn trip_mut(&mut self, dry: bool) -> &mut Option<Trip> {
+        if dry {
+            &mut self.dry_tripped
+        } else {
+            &mut self.tripped
+        }
+    }
+
     fn prune(&mut self, now: Timestamp, window: Duration) {
         let cut = |d: Duration| now.plus_secs(-d.as_secs_f64()).0;
         let w = cut(window);
         self.isolations.retain(|i| i.at >= w);
+        self.dry_isolations.retain(|i| i.at >= w);
         let hour = cut(Duration::from_secs(3600));
         self.recent.retain(|&t| t >= hour);
         let keep = cut(HANDLED_KEEP);
@@ -294,6 +357,8 @@ pub struct RemedyStatus {
     pub breaker_cap: usize,
     /// Whether the breaker is tripped (no action until a person resets it).
     pub tripped: bool,
+    /// Whether a dry run would have tripped it (reset it like a real trip).
+    pub dry_run_tripped: bool,
     /// Why it tripped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tripped_reason: Option<String>,
@@ -466,6 +531,10 @@ impl Remediator {
     /// Whether the rails let a person drain a node now: not while the breaker is
     /// tripped, nor past the breaker's cap or the rate limit. `Err` says why not.
     pub async fn check_manual(&self, node: &str, now: Timestamp) -> Result<(), String> {
+        if self.config.dry_run {
+            // Nothing acts in a dry run: a person's drain is only recorded.
+            return Ok(());
+        }
         let mut s = self.state.lock().await;
         s.prune(now, self.config.breaker.window);
         if let Some(t) = &s.tripped {
@@ -504,6 +573,9 @@ impl Remediator {
         incident: Option<&str>,
         now: Timestamp,
     ) -> Result<String, RemedyError> {
+        if self.config.dry_run {
+            return Ok("dry run: nothing changed outside Warden".to_owned());
+        }
         let mut s = self.state.lock().await;
         if !s.isolations.iter().any(|i| i.node == node) {
             s.isolations.push(Isolated {
@@ -517,12 +589,6 @@ impl Remediator {
         }
         self.publish(&s);
         drop(s);
-        if self.config.dry_run {
-            return Ok(format!(
-                "dry run: the {} actuator was not called",
-                self.actuator.name()
-            ));
-        }
         let req = Isolation {
             node: node.to_owned(),
             incident: incident.map(str::to_owned),
@@ -531,38 +597,35 @@ impl Remediator {
             at: now,
             evict: true,
         };
-        Ok(match self.actuator.isolate(&req).await {
-            Ok(Outcome::Applied) => format!("{}: drained", self.actuator.name()),
-            Ok(Outcome::AlreadyDone) => format!("{}: already drained", self.actuator.name()),
-            Ok(Outcome::NotOurs { owner }) => {
-                format!("{}: left alone, held by {owner}", self.actuator.name())
-            }
-            Err(e) => format!("{} failed: {e}", self.actuator.name()),
-        })
+        let r = self.actuator.isolate(&req).await;
+        Ok(self.said(r, "drained", "already drained"))
+    }
+
+    /// What an actuator's answer means, in words: `done` when it acted, `already` when
+    /// nothing needed doing.
+    fn said(&self, r: Result<Outcome, ActuatorError>, done: &str, already: &str) -> String {
+        let name = self.actuator.name();
+        match r {
+            Ok(Outcome::Applied) => format!("{name}: {done}"),
+            Ok(Outcome::AlreadyDone) => format!("{name}: {already}"),
+            Ok(Outcome::NotOurs { owner }) => format!("{name}: left alone, held by {owner}"),
+            Err(e) => format!("{name} failed: {e}"),
+        }
     }
 
     /// A person's undrain (or the end of a node's isolation), through the same
     /// actuator, which gives back only what Warden took. Returns what came of it.
     pub async fn release_manual(&self, node: &str, actor: &str, now: Timestamp) -> String {
         if self.config.dry_run {
-            return format!(
-                "dry run: the {} actuator was not called",
-                self.actuator.name()
-            );
+            return "dry run: nothing changed outside Warden".to_owned();
         }
         let req = super::Release {
             node: node.to_owned(),
             by: actor.to_owned(),
             at: now,
         };
-        match self.actuator.release(&req).await {
-            Ok(Outcome::Applied) => format!("{}: given back", self.actuator.name()),
-            Ok(Outcome::AlreadyDone) => format!("{}: was in service", self.actuator.name()),
-            Ok(Outcome::NotOurs { owner }) => {
-                format!("{}: left alone, held by {owner}", self.actuator.name())
-            }
-            Err(e) => format!("{} failed: {e}", self.actuator.name()),
-        }
+        let r = self.actuator.release(&req).await;
+        self.said(r, "given back", "was in service")
     }
 
     /// The breaker's cap given `nodes` known nodes.
@@ -586,7 +649,12 @@ impl Remediator {
             isolated_in_window: s.isolations.len(),
             breaker_cap: self.cap(self.known_nodes(now)),
             tripped: s.tripped.is_some(),
-            tripped_reason: s.tripped.as_ref().map(|t| t.reason.clone()),
+            dry_run_tripped: s.dry_tripped.is_some(),
+            tripped_reason: s
+                .tripped
+                .as_ref()
+                .or(s.dry_tripped.as_ref())
+                .map(|t| t.reason.clone()),
             tripped_at: s
                 .tripped
                 .as_ref()
@@ -603,10 +671,12 @@ impl Remediator {
         now: Timestamp,
     ) -> Result<Trip, RemedyError> {
         let mut s = self.state.lock().await;
-        let Some(trip) = s.tripped.take() else {
+        let Some(trip) = s.tripped.take().or_else(|| s.dry_tripped.take()) else {
             return Err(RemedyError::NotTripped);
         };
+        s.dry_tripped = None;
         s.isolations.clear();
+        s.dry_isolations.clear();
         self.save(&s, now).await?;
         self.record(
             ActionKind::BreakerReset,
@@ -708,6 +778,7 @@ impl Remediator {
         let mut out = PassReport::default();
         let mut s = self.state.lock().await;
         s.prune(now, self.config.breaker.window);
+        self.verify_restarts(&mut s, &mut out, now).await?;
         let candidates: Vec<Incident> = self
             .engine
             .lock()
@@ -844,6 +915,78 @@ impl Remediator {
         Ok(())
     }
 
+    /// Check restarted jobs against what their scheduler reports: running again after
+    /// the restart, and on none of the excluded nodes.
+    async fn verify_restarts(
+        &self,
+        s: &mut RailsState,
+        out: &mut PassReport,
+        now: Timestamp,
+    ) -> Result<(), RemedyError> {
+        if s.verifying.is_empty() {
+            return Ok(());
+        }
+        let mut keep = Vec::new();
+        let mut changed = false;
+        for v in std::mem::take(&mut s.verifying) {
+            let seen = self
+                .engine
+                .lock()
+                .job_lifecycle(&v.job)
+                .filter(|l| l.ended_at.is_none() && l.started_at.is_some_and(|t| t.0 > v.at));
+            let what = match seen {
+                Some(l) => {
+                    let bad: Vec<&String> =
+                        l.nodes.iter().filter(|n| v.exclude.contains(n)).collect();
+                    if bad.is_empty() {
+                        format!(
+                            "verified: job {} runs again on {} without {}",
+                            v.job,
+                            if l.nodes.is_empty() {
+                                "nodes its scheduler did not name".to_owned()
+                            } else {
+                                l.nodes.join(", ")
+                            },
+                            v.exclude.join(", ")
+                        )
+                    } else {
+                        let bad = bad
+                            .iter()
+                            .map(|n| n.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ");
+                        tracing::warn!(job = %v.job, nodes = %bad, "restarted job runs on isolated nodes");
+                        format!(
+                            "job {} runs again on isolated node(s) {bad}: the scheduler did \
+                             not exclude them",
+                            v.job
+                        )
+                    }
+                }
+                None if now.secs_since(Timestamp(v.at))
+                    > self.config.restart_verify_window.as_secs_f64() =>
+                {
+                    format!(
+                        "job {} not seen running again within {} of its restart",
+                        v.job,
+                        humantime::format_duration(self.config.restart_verify_window)
+                    )
+                }
+                None => {
+                    keep.push(v);
+                    continue;
+                }
+            };
+            changed = true;
+            self.note(out, &v.incident, &what, false, now);
+        }
+        s.verifying = keep;
+        if changed {
+            self.save(s, now).await?;
+        }
+        Ok(())
+    }
+
     /// The nodes an isolating action takes out.
     fn nodes_for(&self, inc: &Incident, action: ActionName) -> Vec<NodeName> {
         let mut nodes: Vec<NodeName> = inc.nodes.clone();
@@ -875,13 +1018,14 @@ impl Remediator {
         let reason = format!("{rule}: {}", inc.summary);
         let mut isolated: Vec<NodeName> = Vec::new();
         let mut blocked = false;
+        let p = if dry { "dry run: " } else { "" };
         for &action in actions {
             if action == ActionName::Notify {
                 continue;
             }
-            if let Some(t) = &s.tripped {
+            if let Some(t) = s.trip_of(dry) {
                 let what = format!(
-                    "{} not done: the circuit breaker is tripped ({}); reset it through \
+                    "{p}{} not done: the circuit breaker is tripped ({}); reset it through \
                      the API",
                     action.as_str(),
                     t.reason
@@ -891,7 +1035,7 @@ impl Remediator {
             }
             if action.isolates() {
                 for node in self.nodes_for(inc, action) {
-                    if s.isolations.iter().any(|i| i.node == node) {
+                    if s.isolations_of(dry).iter().any(|i| i.node == node) {
                         isolated.push(node);
                         continue;
                     }
@@ -916,14 +1060,15 @@ impl Remediator {
                         continue;
                     }
                     let cap = self.cap(self.known_nodes(now));
-                    if s.isolations.len() + 1 > cap {
+                    let counted = s.isolations_of(dry).len();
+                    if counted + 1 > cap {
                         let why = format!(
                             "isolating {node} would make {} nodes isolated within {}, over \
                              the cap of {cap}",
-                            s.isolations.len() + 1,
+                            counted + 1,
                             humantime::format_duration(self.config.breaker.window)
                         );
-                        s.tripped = Some(Trip {
+                        *s.trip_mut(dry) = Some(Trip {
                             at: now.0,
                             reason: why.clone(),
                             incident: inc.id.clone(),
@@ -940,26 +1085,32 @@ impl Remediator {
                             now,
                         )
                         .await?;
-                        tracing::error!(incident = %inc.id, reason = %why, "remediation circuit breaker tripped");
+                        if dry {
+                            tracing::warn!(incident = %inc.id, reason = %why, "a dry run would trip the remediation circuit breaker");
+                        } else {
+                            tracing::error!(incident = %inc.id, reason = %why, "remediation circuit breaker tripped");
+                        }
                         self.note(
                             out,
                             &inc.id,
-                            &format!("circuit breaker tripped: {why}"),
+                            &format!("{p}circuit breaker tripped: {why}"),
                             false,
                             now,
                         );
-                        out.tripped = true;
+                        out.tripped = !dry;
                         out.actions += 1;
                         blocked = true;
                         break;
                     }
-                    s.isolations.push(Isolated {
+                    s.isolations_mut(dry).push(Isolated {
                         node: node.clone(),
                         at: now.0,
                         incident: inc.id.clone(),
                     });
-                    s.last_isolated.insert(node.clone(), now.0);
-                    s.recent.push(now.0);
+                    if !dry {
+                        s.last_isolated.insert(node.clone(), now.0);
+                        s.recent.push(now.0);
+                    }
                     self.save(s, now).await?;
                     let req = Isolation {
                         node: node.clone(),
@@ -1074,11 +1225,17 @@ impl Remediator {
             Some(r) => format!("from {} (step {}, {})", r.path.display(), r.step, r.format),
             None => "from the job's own start (no complete checkpoint found)".to_owned(),
         };
-        let mut exclude: Vec<NodeName> = s.isolations.iter().map(|i| i.node.clone()).collect();
+        let mut exclude: Vec<NodeName> = s
+            .isolations_of(dry)
+            .iter()
+            .map(|i| i.node.clone())
+            .collect();
         exclude.extend(isolated.iter().cloned());
         exclude.sort();
         exclude.dedup();
-        s.recent.push(now.0);
+        if !dry {
+            s.recent.push(now.0);
+        }
         self.save(s, now).await?;
         let (namespace, name) = match job.split_once('/') {
             Some((ns, name)) => (ns.to_owned(), name.to_owned()),
@@ -1114,6 +1271,15 @@ impl Remediator {
                 seconds_since_detection = issued.secs_since(inc.detected_at),
                 "job restart requested"
             );
+            if matches!(r, Ok(Outcome::Applied | Outcome::AlreadyDone)) {
+                s.verifying.push(Verify {
+                    incident: inc.id.clone(),
+                    job: job.clone(),
+                    exclude: exclude.clone(),
+                    at: issued.0,
+                });
+                self.save(s, now).await?;
+            }
             match r {
                 Ok(Outcome::Applied | Outcome::AlreadyDone) => {
                     format!(

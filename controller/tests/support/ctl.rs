@@ -136,57 +136,37 @@ impl Ctl {
 
     /// Post a heartbeat from `node` (so the controller knows the node).
     pub fn ingest_heartbeat(&self, node: &str, seq: u64) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as i64;
-        let batch = Batch {
-            version: 0,
-            node: node.into(),
-            agent_id: format!("agent-{node}"),
-            boot_id: "boot-1".into(),
-            seq,
-            sent_at_ns: now,
-            jobs: vec![],
-            gpus: vec![],
-            events: vec![],
-            heartbeat: Some(Heartbeat::default()),
-        };
-        let (status, body) = self.call(
-            "POST",
-            "/api/v1/ingest",
-            "application/vnd.warden.batch",
-            &batch.encode_binary(),
-        );
-        assert_eq!(status, 200, "{body}");
+        self.ingest_events(node, seq, vec![]);
     }
 
     /// Post a batch from `node` with a fatal XID 79 on GPU 3.
     pub fn ingest_xid(&self, node: &str, seq: u64) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as i64;
+        let event = NodeEvent {
+            id: seq,
+            at_ns: now_ns(),
+            kind: NodeEventKind::Xid as i32,
+            severity: EventSeverity::Fatal as i32,
+            gpu_index: Some(3),
+            pci_bus_id: "0000:3b:00".into(),
+            code: Some(79),
+            message: "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.".into(),
+            count: 1,
+        };
+        self.ingest_events(node, seq, vec![event]);
+    }
+
+    /// Post a batch from `node` holding `events` and a heartbeat.
+    fn ingest_events(&self, node: &str, seq: u64, events: Vec<NodeEvent>) {
         let batch = Batch {
             version: 0,
             node: node.into(),
             agent_id: format!("agent-{node}"),
             boot_id: "boot-1".into(),
             seq,
-            sent_at_ns: now,
+            sent_at_ns: now_ns(),
             jobs: vec![],
             gpus: vec![],
-            events: vec![NodeEvent {
-                id: seq,
-                at_ns: now,
-                kind: NodeEventKind::Xid as i32,
-                severity: EventSeverity::Fatal as i32,
-                gpu_index: Some(3),
-                pci_bus_id: "0000:3b:00".into(),
-                code: Some(79),
-                message: "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.".into(),
-                count: 1,
-            }],
+            events,
             heartbeat: Some(Heartbeat::default()),
         };
         let (status, body) = self.call(
@@ -215,6 +195,14 @@ impl Ctl {
     }
 }
 
+/// Nanoseconds since the epoch, now.
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as i64
+}
+
 /// Poll `f` every 100 ms until it holds; fail after 20 s naming `what`.
 pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -222,6 +210,15 @@ pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The actions people took (not remediation's, which records even its dry runs).
+pub fn by_people(actions: &[Value]) -> Vec<Value> {
+    actions
+        .iter()
+        .filter(|a| a["actor"] != "warden-policy")
+        .cloned()
+        .collect()
 }
 
 /// The actions of `kind` on `target`.
