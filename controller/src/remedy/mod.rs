@@ -119,3 +119,32 @@ pub enum ActuatorError {
         why: String,
     },
 }
+
+/// Durations in configuration and policy, written like `90s`, `30m`, `1h`.
+pub(crate) mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    fn parse<E: serde::de::Error>(s: &str) -> Result<Duration, E> {
+        humantime::parse_duration(s)
+            .map_err(|e| E::custom(format!("{s:?} is not a duration like 30m or 1h ({e})")))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        parse(&String::deserialize(d)?)
+    }
+
+    /// An optional duration.
+    pub mod opt {
+        use std::time::Duration;
+
+        use serde::{Deserialize, Deserializer};
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            Option::<String>::deserialize(d)?
+                .map(|s| super::parse(&s))
+                .transpose()
+        }
+    }
+}

@@ -77,7 +77,7 @@ pub struct Repeat {
     /// Occurrences needed, this one included (≥ 2).
     pub count: u32,
     /// The window, e.g. `1h`, `30m`.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "super::duration_text")]
     pub within: Duration,
     /// What is counted per.
     pub per: Per,
@@ -141,20 +141,6 @@ pub struct Policy {
 
 fn default_group_nodes() -> usize {
     8
-}
-
-/// Durations written like `90s`, `30m`, `1h`.
-mod humantime_serde_compat {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map_err(|e| {
-            serde::de::Error::custom(format!("{s:?} is not a duration like 30m or 1h ({e})"))
-        })
-    }
 }
 
 /// Why a policy was refused.

@@ -46,7 +46,7 @@ pub struct BreakerConfig {
     /// node is always allowed).
     pub max_percent: f64,
     /// The window, e.g. `1h`.
-    #[serde(with = "duration_text")]
+    #[serde(with = "super::duration_text")]
     pub window: Duration,
 }
 
@@ -97,23 +97,23 @@ pub struct RemedyConfig {
     /// The circuit breaker.
     pub breaker: BreakerConfig,
     /// No second isolation of a node within this time of the last one.
-    #[serde(with = "duration_text")]
+    #[serde(with = "super::duration_text")]
     pub node_cooldown: Duration,
     /// Most actions that change something, per hour.
     pub max_actions_per_hour: usize,
     /// How long a rule on the diagnosis waits for it before it no longer matches.
-    #[serde(with = "duration_text")]
+    #[serde(with = "super::duration_text")]
     pub diagnosis_wait: Duration,
     /// Where a job's checkpoints are: `{job}` is replaced by the job id.
     pub checkpoint_dir: Option<String>,
     /// Give a node remediation isolated back once it has been healthy this long: no
     /// live incident names it, the last one ended at least this long ago, and its agent
     /// is heard from. Unset: nodes stay out until a person undrains them.
-    #[serde(with = "duration_opt_text")]
+    #[serde(with = "super::duration_text::opt")]
     pub auto_release_after: Option<Duration>,
     /// How long after a restart the job must be seen running again (the scheduler's
     /// start report) before the timeline says it was not.
-    #[serde(with = "duration_text")]
+    #[serde(with = "super::duration_text")]
     pub restart_verify_window: Duration,
 }
 
@@ -176,37 +176,6 @@ impl RemedyConfig {
             _ => {}
         }
         out
-    }
-}
-
-/// Durations written like `90s`, `30m`, `1h`.
-mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s).map_err(|e| {
-            serde::de::Error::custom(format!("{s:?} is not a duration like 30m or 1h ({e})"))
-        })
-    }
-}
-
-/// Optional durations written like `30m`.
-mod duration_opt_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let s: Option<String> = Option::deserialize(d)?;
-        s.map(|s| {
-            humantime::parse_duration(&s).map_err(|e| {
-                serde::de::Error::custom(format!("{s:?} is not a duration like 30m or 1h ({e})"))
-            })
-        })
-        .transpose()
     }
 }
 
