@@ -356,6 +356,14 @@ pub enum RemedyError {
     Actuator(String),
 }
 
+/// The rails' state as the store holds it (the default before it was first written).
+async fn read_state(store: &Store) -> Result<RailsState, RemedyError> {
+    match store.remediation_state(STATE).await? {
+        Some(doc) => serde_json::from_str(&doc).map_err(|e| RemedyError::State(e.to_string())),
+        None => Ok(RailsState::default()),
+    }
+}
+
 /// Carries actions out.
 #[derive(Debug, Clone)]
 pub enum Actuator {
@@ -462,12 +470,7 @@ impl Remediator {
             }
             _ => Actuator::None,
         };
-        let state = match store.remediation_state(STATE).await? {
-            Some(doc) => {
-                serde_json::from_str(&doc).map_err(|e| RemedyError::State(e.to_string()))?
-            }
-            None => RailsState::default(),
-        };
+        let state = read_state(&store).await?;
         let r = Remediator {
             config: Arc::new(config),
             policy: Arc::new(policy),
@@ -485,12 +488,7 @@ impl Remediator {
     /// Read the rails' state from the store again (on taking the lead: another
     /// controller may have acted).
     pub async fn reload(&self) -> Result<(), RemedyError> {
-        let state = match self.store.remediation_state(STATE).await? {
-            Some(doc) => {
-                serde_json::from_str(&doc).map_err(|e| RemedyError::State(e.to_string()))?
-            }
-            None => RailsState::default(),
-        };
+        let state = read_state(&self.store).await?;
         let mut s = self.state.lock().await;
         *s = state;
         self.publish(&s);
@@ -631,8 +629,8 @@ impl Remediator {
         }
     }
 
-    /// A person resets a tripped breaker; isolations so far stay counted in the window
-    /// only if `keep_window` (otherwise the window starts afresh).
+    /// A person resets a tripped breaker (or a dry run's trip): remediation acts again
+    /// and the breaker's window starts afresh.
     pub async fn reset_breaker(
         &self,
         actor: &str,
