@@ -9,7 +9,9 @@ use warden_controller::remedy::run::{BreakerConfig, Remediator, RemedyConfig};
 use warden_controller::store::Store;
 use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
 use warden_model::Timestamp;
-use warden_model::wire::{Batch, EventSeverity, Heartbeat, NodeEvent, NodeEventKind};
+use warden_model::wire::{
+    Batch, EventSeverity, Heartbeat, JobSignals, NodeEvent, NodeEventKind, RankInfo,
+};
 
 const T0: i64 = 1_800_000_000_000_000_000;
 
@@ -45,6 +47,7 @@ fn batch(node: &str, seq: u64, at: i64, xid: bool) -> Batch {
 struct World {
     engine: SharedEngine,
     remedy: Remediator,
+    store: Store,
     clock: Arc<ManualClock>,
     seq: u64,
 }
@@ -54,12 +57,13 @@ impl World {
         let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp(T0)));
         let clock = Arc::new(ManualClock::new(Timestamp(T0)));
         let store = Store::memory().await.expect("store");
-        let remedy = Remediator::new(config, engine.clone(), store, None, clock.clone())
+        let remedy = Remediator::new(config, engine.clone(), store.clone(), None, clock.clone())
             .await
             .expect("remediation");
         let mut w = World {
             engine,
             remedy,
+            store,
             clock,
             seq: 0,
         };
@@ -72,11 +76,43 @@ impl World {
     fn send(&mut self, node: &str, xid: bool) {
         self.seq += 1;
         let now = self.clock.now_ts();
-        let applied = self
-            .engine
-            .lock()
-            .apply(batch(node, self.seq, now.0, xid), now);
+        self.apply(batch(node, self.seq, now.0, xid), xid);
+    }
+
+    /// [`World::send`] from a node where rank `rank` of job `job` runs on GPU 0.
+    fn send_rank(&mut self, node: &str, xid: bool, job: &str, rank: u32) {
+        self.seq += 1;
+        let now = self.clock.now_ts();
+        let mut b = batch(node, self.seq, now.0, xid);
+        b.jobs.push(JobSignals {
+            job: job.into(),
+            ranks: vec![RankInfo {
+                rank,
+                world_size: 2,
+                pid: 1000 + rank,
+                gpu_index: Some(0),
+                gpu_uuid: String::new(),
+            }],
+            ..JobSignals::default()
+        });
+        self.apply(b, xid);
+    }
+
+    fn apply(&mut self, b: Batch, xid: bool) {
+        let now = self.clock.now_ts();
+        let applied = self.engine.lock().apply(b, now);
         assert!(applied > 0 || !xid, "the batch was applied");
+    }
+
+    fn timeline_of(&self, node: &str) -> Vec<String> {
+        let e = self.engine.lock();
+        let inc = e
+            .incidents()
+            .iter()
+            .rev()
+            .find(|i| i.nodes.iter().any(|n| n == node))
+            .expect("an incident on the node");
+        inc.timeline.iter().map(|t| t.what.clone()).collect()
     }
 
     /// A fatal XID on `node`, a detector pass, a remediation pass; the timeline of the
@@ -86,14 +122,7 @@ impl World {
         let now = self.clock.now_ts();
         self.engine.lock().tick(now);
         self.remedy.pass(now).await.expect("pass");
-        let e = self.engine.lock();
-        let inc = e
-            .incidents()
-            .iter()
-            .rev()
-            .find(|i| i.nodes.iter().any(|n| n == node))
-            .expect("an incident on the node");
-        inc.timeline.iter().map(|t| t.what.clone()).collect()
+        self.timeline_of(node)
     }
 
     fn advance(&self, secs: f64) {
@@ -132,10 +161,7 @@ async fn a_node_is_not_isolated_again_within_its_cooldown() {
     })
     .await;
     let first = w.fault("node-3").await;
-    assert!(
-        first.iter().any(|l| l == "drain node-3: already so"),
-        "{first:?}"
-    );
+    assert!(first.iter().any(|l| l == "drain node-3: done"), "{first:?}");
     // The first incident is over; past the breaker's window (the isolation no longer
     // counts there) and the reopen window, but within the cooldown: a new fault on the
     // same node is a new incident.
@@ -163,10 +189,7 @@ async fn a_node_is_not_isolated_again_within_its_cooldown() {
     );
     // Another node is not held back by node-3's cooldown.
     let other = w.fault("node-4").await;
-    assert!(
-        other.iter().any(|l| l == "drain node-4: already so"),
-        "{other:?}"
-    );
+    assert!(other.iter().any(|l| l == "drain node-4: done"), "{other:?}");
 }
 
 #[tokio::test]
@@ -179,7 +202,7 @@ async fn the_rate_limit_stops_isolations_past_the_hourly_budget() {
     for node in ["node-1", "node-2"] {
         let t = w.fault(node).await;
         assert!(
-            t.iter().any(|l| *l == format!("drain {node}: already so")),
+            t.iter().any(|l| *l == format!("drain {node}: done")),
             "{t:?}"
         );
     }
@@ -193,4 +216,55 @@ async fn the_rate_limit_stops_isolations_past_the_hourly_budget() {
     let status = w.remedy.status(w.clock.now_ts()).await;
     assert_eq!(status.isolated_in_window, 2);
     assert!(!status.tripped, "the rate limit is not the breaker");
+}
+
+#[tokio::test]
+async fn faults_on_two_nodes_of_one_job_restart_it_once_without_both() {
+    let mut w = World::new(acting()).await;
+    for (node, rank) in [("node-1", 0), ("node-2", 1)] {
+        w.send_rank(node, false, "train", rank);
+    }
+    w.engine.lock().tick(w.clock.now_ts());
+    w.advance(1.0);
+    // Both GPUs fall off the bus before the next pass.
+    for (node, rank) in [("node-1", 0), ("node-2", 1)] {
+        w.send_rank(node, true, "train", rank);
+    }
+    let now = w.clock.now_ts();
+    w.engine.lock().tick(now);
+    w.remedy.pass(now).await.expect("pass");
+
+    let jobs: Vec<Option<String>> = w
+        .engine
+        .lock()
+        .incidents()
+        .iter()
+        .map(|i| i.job.clone())
+        .collect();
+    assert_eq!(jobs, [Some("train".to_owned()), Some("train".to_owned())]);
+    let (first, second) = (w.timeline_of("node-1"), w.timeline_of("node-2"));
+    let all: Vec<&String> = first.iter().chain(&second).collect();
+    let restarted: Vec<&&String> = all
+        .iter()
+        .filter(|l| l.starts_with("restart of job train requested from"))
+        .collect();
+    assert_eq!(restarted.len(), 1, "{all:?}");
+    assert!(restarted[0].ends_with("without node-1, node-2"), "{all:?}");
+    assert!(
+        all.iter()
+            .any(|l| l.starts_with("restart of job train requested once, with incident ")),
+        "{all:?}"
+    );
+    let actions = w.store.actions(None, None, 0).await.expect("actions");
+    let kinds: Vec<&str> = actions.iter().map(|a| a.kind.as_str()).collect();
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "restart").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "isolate").count(),
+        2,
+        "{kinds:?}"
+    );
 }

@@ -64,7 +64,10 @@ impl Default for BreakerConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActuatorKind {
-    /// None: decisions are recorded, nothing is changed (as in a dry run).
+    /// None: nothing outside Warden changes. Out of a dry run, Warden's own node table
+    /// is the record: isolated nodes show as drained there (the API, `warden nodes`,
+    /// `warden_node_drained`) for a person or a scheduler that reads it, and restarts
+    /// are recorded as requested.
     #[default]
     None,
     /// The `script` program.
@@ -367,7 +370,7 @@ async fn read_state(store: &Store) -> Result<RailsState, RemedyError> {
 /// Carries actions out.
 #[derive(Debug, Clone)]
 pub enum Actuator {
-    /// Nothing: decisions are only recorded.
+    /// Nothing outside Warden: Warden's own records are the only effect.
     None,
     /// A program of the operator's.
     Script(ScriptActuator),
@@ -380,7 +383,7 @@ pub enum Actuator {
 impl Actuator {
     async fn isolate(&self, req: &Isolation) -> Result<Outcome, ActuatorError> {
         match self {
-            Actuator::None => Ok(Outcome::AlreadyDone),
+            Actuator::None => Ok(Outcome::Applied),
             Actuator::Script(s) => s.isolate(req).await,
             Actuator::Slurm(s) => s.isolate(req).await,
             Actuator::Kubernetes(k) => k.isolate(req).await,
@@ -389,7 +392,7 @@ impl Actuator {
 
     async fn release(&self, req: &super::Release) -> Result<Outcome, ActuatorError> {
         match self {
-            Actuator::None => Ok(Outcome::AlreadyDone),
+            Actuator::None => Ok(Outcome::Applied),
             Actuator::Script(s) => s.release(req).await,
             Actuator::Slurm(s) => s.release(req).await,
             Actuator::Kubernetes(k) => k.release(req).await,
@@ -398,7 +401,7 @@ impl Actuator {
 
     async fn restart(&self, req: &Restart) -> Result<Outcome, ActuatorError> {
         match self {
-            Actuator::None => Ok(Outcome::AlreadyDone),
+            Actuator::None => Ok(Outcome::Applied),
             Actuator::Script(s) => s.restart(req).await,
             Actuator::Slurm(s) => s.restart(req).await,
             Actuator::Kubernetes(k) => k.restart(req).await,
@@ -413,6 +416,18 @@ impl Actuator {
             Actuator::Kubernetes(_) => "kubernetes",
         }
     }
+}
+
+/// A job restart a pass decided on, issued once per job after every incident of the
+/// pass is decided.
+struct PendingRestart {
+    /// The first incident that called for it (its detection time, its timeline).
+    incident: Incident,
+    reason: String,
+    /// Nodes isolated for it in this pass, by every incident joined.
+    isolated: Vec<NodeName>,
+    /// Later incidents of the same job whose restart is this one.
+    joined: Vec<String>,
 }
 
 /// The remediation loop's state and parts.
@@ -669,6 +684,7 @@ impl Remediator {
         if let Some(m) = &self.metrics {
             m.breaker_tripped.set(i64::from(s.tripped.is_some()));
             m.isolated_in_window.set(s.isolations.len() as i64);
+            m.remediation_dry_run.set(i64::from(self.config.dry_run));
         }
     }
 
@@ -754,6 +770,7 @@ impl Remediator {
             .filter(|i| i.state != IncidentState::Resolved && !s.handled.contains_key(&i.id))
             .cloned()
             .collect();
+        let mut restarts: Vec<PendingRestart> = Vec::new();
         for inc in candidates {
             let waited_out = inc.diagnosis.is_some()
                 || now.secs_since(inc.detected_at) >= self.config.diagnosis_wait.as_secs_f64();
@@ -797,8 +814,30 @@ impl Remediator {
                 false,
                 now,
             );
-            self.act(&mut s, &mut out, &inc, &rule.name, &rule.then, now)
+            self.act(
+                &mut s,
+                &mut out,
+                &mut restarts,
+                &inc,
+                &rule.name,
+                &rule.then,
+                now,
+            )
+            .await?;
+        }
+        // One restart per job and pass, without every node isolated for it: faults on
+        // two nodes of one job at once must not requeue it twice.
+        for r in restarts {
+            self.restart(&mut s, &mut out, &r.incident, &r.reason, &r.isolated, now)
                 .await?;
+            for other in &r.joined {
+                let what = format!(
+                    "restart of job {} requested once, with incident {}",
+                    r.incident.job.as_deref().unwrap_or_default(),
+                    r.incident.id
+                );
+                self.note(&mut out, other, &what, false, now);
+            }
         }
         drop(s);
         self.release_healthy(&mut out, now).await?;
@@ -972,10 +1011,12 @@ impl Remediator {
         nodes
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn act(
         &self,
         s: &mut RailsState,
         out: &mut PassReport,
+        restarts: &mut Vec<PendingRestart>,
         inc: &Incident,
         rule: &str,
         actions: &[ActionName],
@@ -1133,7 +1174,22 @@ impl Remediator {
                     break;
                 }
             } else if action == ActionName::RestartJob {
-                self.restart(s, out, inc, &reason, &isolated, now).await?;
+                let job = inc.job.as_deref().filter(|j| !j.is_empty());
+                match restarts
+                    .iter_mut()
+                    .find(|r| job.is_some() && r.incident.job.as_deref() == job)
+                {
+                    Some(r) => {
+                        r.isolated.extend(isolated.iter().cloned());
+                        r.joined.push(inc.id.clone());
+                    }
+                    None => restarts.push(PendingRestart {
+                        incident: inc.clone(),
+                        reason: reason.clone(),
+                        isolated: isolated.clone(),
+                        joined: Vec::new(),
+                    }),
+                }
             }
         }
         Ok(())
