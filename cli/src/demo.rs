@@ -16,6 +16,7 @@ use warden_controller::diagnosis;
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::Operator;
 use warden_controller::persist::Persister;
+use warden_controller::remedy::run::{Remediator, RemedyConfig};
 use warden_controller::store::Store;
 use warden_controller::view::IncidentView;
 use warden_controller::{Change, Clock, Engine, EngineConfig, ManualClock, SharedEngine};
@@ -79,8 +80,23 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
     let store = Store::open_dir(data.path())
         .await
         .context("opening the demo's SQLite store")?;
+    let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
+    // Remediation acts under the shipped policy and its rails; the simulated cluster has
+    // no scheduler, so Warden's own node table is where its drains show.
+    let remedy = Remediator::new(
+        RemedyConfig {
+            dry_run: false,
+            ..RemedyConfig::default()
+        },
+        engine.clone(),
+        store.clone(),
+        Some(metrics.clone()),
+        clock.clone(),
+    )
+    .await
+    .context("setting up remediation")?;
     let operator = Operator {
-        remedy: None,
+        remedy: Some(remedy.clone()),
         engine: engine.clone(),
         persister: Arc::new(tokio::sync::Mutex::new(Persister::new(store.clone()))),
         store,
@@ -91,7 +107,6 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
 
     let mut server = None;
     let mut api_addr = None;
-    let mut metrics = None;
     if !args.no_api {
         let listener = match TcpListener::bind(args.listen).await {
             Ok(l) => l,
@@ -107,13 +122,10 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
             }
         };
         let addr = listener.local_addr().context("reading the bound address")?;
-        let served =
-            Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
-        metrics = Some(served.clone());
         let state = ApiState {
             engine: engine.clone(),
             clock: clock.clone(),
-            metrics: served,
+            metrics: metrics.clone(),
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             auth: Arc::new(Auth::Open),
             operator: operator.clone(),
@@ -154,6 +166,11 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         let target = started.elapsed().as_secs_f64() * args.speed;
         let mut changes = sim.advance(&mut sink, target);
         clock.set(SIM_EPOCH.plus_secs(sim.now()));
+        diagnose_opened(&engine, &rules, &metrics, &mut changes, clock.now());
+        match remedy.pass(clock.now()).await {
+            Ok(report) => changes.extend(report.changes),
+            Err(e) => eprintln!("warden demo: remediation failed: {e}"),
+        }
         if let Err(e) = operator
             .persister
             .lock()
@@ -163,13 +180,6 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         {
             eprintln!("warden demo: cannot write incidents to the store: {e}");
         }
-        diagnose_opened(
-            &engine,
-            &rules,
-            metrics.as_deref(),
-            &mut changes,
-            clock.now(),
-        );
 
         let (shown, open) = {
             let e = engine.lock();
@@ -195,6 +205,10 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
 
     let wall = started.elapsed().as_secs_f64();
     print_summary(&sim, &engine, wall, interrupted);
+    match operator.store.actions(None, None, 0).await {
+        Ok(actions) => print!("{}", show::actions(&actions, engine.lock().origin())),
+        Err(e) => eprintln!("warden demo: cannot read the actions taken: {e}"),
+    }
 
     if let Some(Server { stop, task }) = server {
         let _ = stop.send(());
@@ -215,7 +229,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
 fn diagnose_opened(
     engine: &SharedEngine,
     rules: &RuleSet,
-    metrics: Option<&Metrics>,
+    metrics: &Metrics,
     changes: &mut Vec<warden_controller::IncidentChange>,
     now: Timestamp,
 ) {
@@ -234,15 +248,18 @@ fn diagnose_opened(
         }
         let started = Instant::now();
         let d = diagnosis::diagnose_held(rules, &req);
-        if let Some(m) = metrics {
-            m.diagnosis_seconds.observe(started.elapsed().as_secs_f64());
-            let result = if d.category.is_some() {
-                "category"
-            } else {
-                "none"
-            };
-            m.diagnoses.with_label_values(&["rules", result]).inc();
-        }
+        metrics
+            .diagnosis_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let result = if d.category.is_some() {
+            "category"
+        } else {
+            "none"
+        };
+        metrics
+            .diagnoses
+            .with_label_values(&["rules", result])
+            .inc();
         if let Some(c) = e.attach_diagnosis(&id, d, now) {
             changes.push(c);
         }
@@ -277,6 +294,10 @@ fn print_banner(scenario: &Scenario, speed: f64, api: Option<std::net::SocketAdd
          Incidents are printed as they are found.",
         scenario.faults.len()
     );
+    println!(
+        "Remediation acts under the shipped policy and its safety rails; the simulated \
+         cluster has no scheduler, so drains show in Warden's own node table."
+    );
     match api {
         Some(addr) => {
             let base = format!("http://{addr}");
@@ -285,6 +306,9 @@ fn print_banner(scenario: &Scenario, speed: f64, api: Option<std::net::SocketAdd
             println!("  curl -s '{base}/api/v1/incidents?state=open&kind=straggler'");
             println!("  curl -s {base}/api/v1/jobs");
             println!("  curl -s {base}/api/v1/jobs/{}/ranks", j.name);
+            println!("  curl -s {base}/api/v1/nodes       # drained by the policy");
+            println!("  curl -s {base}/api/v1/actions     # what remediation did");
+            println!("  curl -s {base}/api/v1/remediation # the circuit breaker");
             println!("  curl -s {base}/metrics | grep '^warden_'");
         }
         None => println!("The API is off (--no-api)."),

@@ -3,7 +3,9 @@
 use std::fmt::Write as _;
 
 use warden_controller::Change;
+use warden_controller::store::ActionRecord;
 use warden_controller::view::{IncidentView, NodeView};
+use warden_model::Timestamp;
 
 /// `[0, 1, 2, 3, 7]` as `0-3, 7`.
 pub fn ranges(v: &[u32]) -> String {
@@ -94,6 +96,9 @@ pub fn incident(change: Change, inc: &IncidentView) -> String {
     if change == Change::Diagnosed {
         return diagnosis(inc);
     }
+    if change == Change::Remediated {
+        return remediation(inc);
+    }
     let at = match change {
         Change::Opened => inc.detected_s,
         Change::Resolved => inc.resolved_s.unwrap_or(inc.detected_s),
@@ -156,6 +161,55 @@ fn diagnosis(inc: &IncidentView) -> String {
     }
     for e in d.evidence.iter().take(2) {
         let _ = writeln!(s, "             · [line {}] {}", e.id, e.text);
+    }
+    s
+}
+
+/// What remediation did in its last pass over an incident: the timeline entries of
+/// that moment, ending in a newline.
+fn remediation(inc: &IncidentView) -> String {
+    let mut s = String::new();
+    let Some(last) = inc.timeline.last() else {
+        return s;
+    };
+    let _ = writeln!(
+        s,
+        "[{:>7.1}s] {} {} {} — {}",
+        last.at_s,
+        verb(Change::Remediated),
+        inc.kind,
+        inc.id,
+        culprit(inc)
+    );
+    // One pass notes at one time; entries share the rounded time exactly.
+    let first = inc
+        .timeline
+        .iter()
+        .rposition(|t| t.at_s < last.at_s)
+        .map_or(0, |i| i + 1);
+    for t in &inc.timeline[first..] {
+        let _ = writeln!(s, "             · {}", t.what);
+    }
+    s
+}
+
+/// The actions taken, one line each under a heading, ending in a newline.
+pub fn actions(actions: &[ActionRecord], origin: Timestamp) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "Actions ({}):", actions.len());
+    if actions.is_empty() {
+        s.push_str("  (none)\n");
+    }
+    for a in actions {
+        let _ = writeln!(
+            s,
+            "  [{:>7.1}s] {:<13} {:<12} by {:<14} {}",
+            a.intended_at.secs_since(origin),
+            a.kind.as_str(),
+            a.target,
+            a.actor,
+            a.result.as_deref().unwrap_or("(not finished)")
+        );
     }
     s
 }

@@ -129,6 +129,22 @@ fn demo_runs_the_built_in_scenario_to_completion() {
     );
     assert!(stdout.contains("Summary: 256 ranks"), "{stdout}");
     assert!(stdout.contains("Incidents ("), "{stdout}");
+    // Remediation under the shipped policy: the fatal XIDs' nodes are drained in
+    // Warden's node table and restarts requested; nothing else is touched.
+    assert!(stdout.contains("REMEDIATED gpu_fault"), "{stdout}");
+    for node in ["node-09", "node-20"] {
+        assert!(
+            stdout.contains(&format!("drain {node}: done")),
+            "{node} not drained:\n{stdout}"
+        );
+    }
+    let actions = stdout
+        .split_once("Actions (")
+        .map(|(_, rest)| rest)
+        .expect("an actions summary");
+    let isolations = actions.lines().filter(|l| l.contains(" isolate ")).count();
+    assert_eq!(isolations, 2, "{actions}");
+    assert!(actions.contains(" restart "), "{actions}");
     // Not a terminal: one progress line per tenth of the run at most, plus the last.
     let progress = stderr.lines().filter(|l| l.starts_with("step ")).count();
     assert!((2..=12).contains(&progress), "{stderr}");
