@@ -199,6 +199,42 @@ static QUIET: &[Quiet] = &[
         why: "marks open NaN incidents (the demo's NaN on rank 12)",
     },
     Quiet {
+        dashboard: "cluster-overview.json",
+        id: 27,
+        panel: "Drained nodes and owner",
+        ref_id: "A",
+        needs: Needs::DemoFault,
+        why: "only drained nodes (the policy drains node-09 and node-20 on the demo's \
+              fatal XIDs)",
+    },
+    Quiet {
+        dashboard: "cluster-overview.json",
+        id: 28,
+        panel: "Drained nodes by owner",
+        ref_id: "A",
+        needs: Needs::DemoFault,
+        why: "only drained nodes (the policy drains node-09 and node-20 on the demo's \
+              fatal XIDs)",
+    },
+    Quiet {
+        dashboard: "warden.json",
+        id: 28,
+        panel: "Job restart requested after detection p50 / p95",
+        ref_id: "A",
+        needs: Needs::DemoFault,
+        why: "a quantile of nothing is NaN until the policy restarts a job (the demo's \
+              fatal XIDs)",
+    },
+    Quiet {
+        dashboard: "warden.json",
+        id: 28,
+        panel: "Job restart requested after detection p50 / p95",
+        ref_id: "B",
+        needs: Needs::DemoFault,
+        why: "a quantile of nothing is NaN until the policy restarts a job (the demo's \
+              fatal XIDs)",
+    },
+    Quiet {
         dashboard: "warden.json",
         id: 20,
         panel: "Log-window pulls and drops",

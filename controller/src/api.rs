@@ -1159,6 +1159,13 @@ async fn readyz(State(s): State<ApiState>) -> Result<&'static str, ApiError> {
 async fn render_metrics(State(s): State<ApiState>) -> Result<Response, ApiError> {
     let now = s.clock.now();
     s.metrics.update(&s.engine.lock(), now);
+    // The node table is the store's; on a store error the last set stays.
+    match s.operator.store.nodes().await {
+        Ok(nodes) => s
+            .metrics
+            .set_drained(nodes.iter().map(|n| (n.name.as_str(), n.owner.as_str()))),
+        Err(e) => tracing::warn!(error = %e, "cannot read drained nodes for the metrics"),
+    }
     s.metrics
         .leader
         .set(i64::from(s.operator.leadership.is_leader()));

@@ -101,6 +101,10 @@ pub struct Metrics {
     pub isolated_in_window: IntGauge,
     /// Seconds from an incident's detection to its job's restart being requested.
     pub restart_latency: Histogram,
+    /// 1 while remediation only records what it would do (dry run), 0 while it acts.
+    pub remediation_dry_run: IntGauge,
+    /// 1 per drained node, by node and owner (see [`Metrics::set_drained`]).
+    drained: IntGaugeVec,
 }
 
 /// Per-job and per-rank gauges, rebuilt from the engine's jobs on each scrape (a job the
@@ -525,6 +529,27 @@ impl Metrics {
                 r.register(Box::new(h.clone()))?;
                 h
             },
+            remediation_dry_run: {
+                let g = IntGauge::new(
+                    "warden_remediation_dry_run",
+                    "1 while remediation only records what it would do (dry run), 0 while \
+                     it acts.",
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            drained: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "warden_node_drained",
+                        "1 per node Warden holds drained (cordoned), by node and owner: \
+                         the person's token name or warden-policy.",
+                    ),
+                    &["node", "owner"],
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
             jobs: JobMetrics::new(&r)?,
             registry: r,
             seen: Mutex::new(Seen::default()),
@@ -638,6 +663,18 @@ impl Metrics {
         self.jobs.update(engine);
     }
 
+    /// The drained nodes as `(node, owner)` pairs, replacing the last set (read from
+    /// the store's node table on each scrape).
+    pub fn set_drained<'a>(&self, nodes: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        // Under the scrape lock, so that a concurrent render never sees the set half
+        // refilled.
+        let _seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        self.drained.reset();
+        for (node, owner) in nodes {
+            self.drained.with_label_values(&[node, owner]).set(1);
+        }
+    }
+
     /// Every metric in the Prometheus text format.
     pub fn render(&self) -> Result<String, MetricsError> {
         // Per-job series are reset and refilled by `update`; holding its lock keeps a
@@ -712,5 +749,21 @@ mod tests {
             assert_eq!(value(&text, &series), Some(0.0), "{series} missing");
         }
         assert_eq!(value(&text, "warden_agents"), Some(0.0));
+    }
+
+    #[test]
+    fn drained_nodes_are_replaced_as_a_set() {
+        let m = Metrics::new("0").expect("metrics");
+        m.set_drained([("node-1", "alice"), ("node-2", "warden-policy")]);
+        let text = m.render().expect("render");
+        let alice = r#"warden_node_drained{node="node-1",owner="alice"}"#;
+        let policy = r#"warden_node_drained{node="node-2",owner="warden-policy"}"#;
+        assert_eq!(value(&text, alice), Some(1.0), "{text}");
+        assert_eq!(value(&text, policy), Some(1.0), "{text}");
+        // node-1 undrained: its series goes, not to 0 (a table of drained nodes).
+        m.set_drained([("node-2", "warden-policy")]);
+        let text = m.render().expect("render");
+        assert_eq!(value(&text, alice), None, "{text}");
+        assert_eq!(value(&text, policy), Some(1.0), "{text}");
     }
 }
