@@ -60,13 +60,24 @@ enum Command {
     /// Undrain a node drained with `warden drain`.
     #[command(after_help = ops::EXIT_CODES_HELP)]
     Undrain(ops::UndrainArgs),
+    /// Show remediation's state (dry run or acting, the circuit breaker), or reset a
+    /// tripped breaker.
+    #[command(after_help = ops::EXIT_CODES_HELP)]
+    Remediation(ops::RemediationArgs),
     /// Show who the token is (name and role): a check of the token and the server.
     #[command(after_help = ops::EXIT_CODES_HELP)]
     Whoami(ops::PlainArgs),
 }
 
 /// Subcommands that talk to a controller: their usage errors exit 2.
-const OPS_COMMANDS: [&str; 5] = ["incidents", "nodes", "drain", "undrain", "whoami"];
+const OPS_COMMANDS: [&str; 6] = [
+    "incidents",
+    "nodes",
+    "drain",
+    "undrain",
+    "remediation",
+    "whoami",
+];
 
 /// Options of `warden demo`.
 #[derive(Debug, clap::Args)]
@@ -175,6 +186,7 @@ fn main() -> ExitCode {
         Command::Nodes(args) => Ok(ops::nodes(args)),
         Command::Drain(args) => Ok(ops::drain(args)),
         Command::Undrain(args) => Ok(ops::undrain(args)),
+        Command::Remediation(args) => Ok(ops::remediation(args)),
         Command::Whoami(args) => Ok(ops::whoami(args)),
     };
     match result {

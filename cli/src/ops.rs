@@ -1,10 +1,12 @@
-//! The operator commands: `warden incidents`, `nodes`, `drain`, `undrain` and `whoami`
-//! against a running controller's API, printed as tables or as the server's JSON.
+//! The operator commands: `warden incidents`, `nodes`, `drain`, `undrain`,
+//! `remediation` and `whoami` against a running controller's API, printed as tables or
+//! as the server's JSON.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::{Value, json};
+use warden_controller::remedy::run::RemedyStatus;
 use warden_controller::view::{IncidentView, NodeView};
 use warden_diagnosis::llm::ApiKey;
 
@@ -14,10 +16,10 @@ use crate::show;
 
 /// The exit codes of the commands that talk to a controller, for their help.
 pub const EXIT_CODES_HELP: &str = "\
-Exit codes of incidents, nodes, drain, undrain and whoami:
+Exit codes of incidents, nodes, drain, undrain, remediation and whoami:
   0 done; 1 server or other error (and server unreachable); 2 usage or configuration;
   3 token refused (401/403); 4 not found (404); 5 conflict (409: already drained,
-  already resolved). demo, sim and diagnose exit 64 on usage errors.";
+  already resolved, breaker not tripped, refused by the safety rails). demo, sim and diagnose exit 64 on usage errors.";
 
 /// The help section of the options every operator command takes.
 const HEADING: &str = "Controller and output";
@@ -159,6 +161,30 @@ pub struct UndrainArgs {
     reason: Option<String>,
 }
 
+/// Options of `warden remediation`.
+#[derive(Debug, clap::Args)]
+pub struct RemediationArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(subcommand)]
+    command: Option<RemediationCommand>,
+}
+
+/// `warden remediation` subcommands.
+#[derive(Debug, clap::Subcommand)]
+enum RemediationCommand {
+    /// Dry run or acting, the actuator, the circuit breaker (the default).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Status,
+    /// Reset a tripped circuit breaker (admin): remediation acts again.
+    #[command(after_help = EXIT_CODES_HELP)]
+    ResetBreaker {
+        /// What was found and fixed (kept in the audit log).
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+    },
+}
+
 /// `warden incidents ...`.
 pub fn incidents(args: IncidentsArgs) -> ExitCode {
     run(&args.conn, |c, out| {
@@ -238,6 +264,33 @@ pub fn undrain(args: UndrainArgs) -> ExitCode {
                 Output::Json if a.json.is_null() => {}
                 Output::Json => print_json(&a.json)?,
             }
+            Ok(())
+        })
+    })
+}
+
+/// `warden remediation [status | reset-breaker --reason TEXT]`.
+pub fn remediation(args: RemediationArgs) -> ExitCode {
+    run(&args.conn, |c, out| {
+        Box::pin(async move {
+            let a = match &args.command {
+                None | Some(RemediationCommand::Status) => c.get("/api/v1/remediation").await?,
+                Some(RemediationCommand::ResetBreaker { reason }) => {
+                    let body = json!({ "reason": required(reason, "--reason")? });
+                    let a = c
+                        .post("/api/v1/remediation/breaker/reset", Some(&body))
+                        .await?;
+                    if out == Output::Table {
+                        println!("circuit breaker reset");
+                    }
+                    a
+                }
+            };
+            if out == Output::Json {
+                return print_json(&a.json);
+            }
+            let status: RemedyStatus = parse(c, a.json)?;
+            print!("{}", show::remediation(&status));
             Ok(())
         })
     })

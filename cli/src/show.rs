@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use warden_controller::Change;
+use warden_controller::remedy::run::RemedyStatus;
 use warden_controller::store::ActionRecord;
 use warden_controller::view::{IncidentView, NodeView};
 use warden_model::Timestamp;
@@ -97,7 +98,7 @@ pub fn incident(change: Change, inc: &IncidentView) -> String {
         return diagnosis(inc);
     }
     if change == Change::Remediated {
-        return remediation(inc);
+        return remediated(inc);
     }
     let at = match change {
         Change::Opened => inc.detected_s,
@@ -167,7 +168,7 @@ fn diagnosis(inc: &IncidentView) -> String {
 
 /// What remediation did in its last pass over an incident: the timeline entries of
 /// that moment, ending in a newline.
-fn remediation(inc: &IncidentView) -> String {
+fn remediated(inc: &IncidentView) -> String {
     let mut s = String::new();
     let Some(last) = inc.timeline.last() else {
         return s;
@@ -190,6 +191,33 @@ fn remediation(inc: &IncidentView) -> String {
     for t in &inc.timeline[first..] {
         let _ = writeln!(s, "             · {}", t.what);
     }
+    s
+}
+
+/// Remediation's state in a few lines, ending in a newline.
+pub fn remediation(r: &RemedyStatus) -> String {
+    let mut s = String::new();
+    let mode = if r.dry_run {
+        "dry run (records what it would do)"
+    } else {
+        "acting"
+    };
+    let _ = writeln!(s, "remediation: {mode}, actuator {}", r.actuator);
+    let breaker = match (r.tripped, r.dry_run_tripped) {
+        (true, _) => "TRIPPED: nothing is isolated or restarted until an admin resets it",
+        (false, true) => "tripped in the dry run (a real run would have stopped acting)",
+        (false, false) => "closed",
+    };
+    let _ = writeln!(s, "circuit breaker: {breaker}");
+    if let Some(why) = &r.tripped_reason {
+        let at = r.tripped_at.as_deref().unwrap_or("?");
+        let _ = writeln!(s, "  tripped at {at}: {why}");
+    }
+    let _ = writeln!(
+        s,
+        "nodes isolated in the breaker's window: {} of {} allowed",
+        r.isolated_in_window, r.breaker_cap
+    );
     s
 }
 

@@ -1,7 +1,8 @@
 //! The operator commands against the real `warden-controller` binary on a loopback
 //! port, with a token file of four roles and a store in a temp dir: list, show, ack,
-//! resolve, drain, nodes, undrain and whoami; exit codes 2 to 5; a server that is down;
-//! the token from a flag, a file, the environment and config files, and never printed.
+//! resolve, drain, nodes, undrain, remediation (status and an admin's breaker reset)
+//! and whoami; exit codes 2 to 5; a server that is down; the token from a flag, a file,
+//! the environment and config files, and never printed.
 //!
 //! The controller binary is the one of the same build (`cargo test --workspace` builds
 //! it); when it is missing, the test builds it with `cargo build -p warden-controller`.
@@ -68,6 +69,7 @@ fn free_port() -> u16 {
 
 /// The tokens of the token file, one per role.
 struct Tokens {
+    admin: String,
     operator: String,
     viewer: String,
     agent: String,
@@ -77,19 +79,21 @@ impl Tokens {
     fn new() -> Tokens {
         let t = || new_token().expect("a token");
         Tokens {
+            admin: t(),
             operator: t(),
             viewer: t(),
             agent: t(),
         }
     }
 
-    fn all(&self) -> [&str; 3] {
-        [&self.operator, &self.viewer, &self.agent]
+    fn all(&self) -> [&str; 4] {
+        [&self.admin, &self.operator, &self.viewer, &self.agent]
     }
 
     fn yaml(&self) -> String {
         let mut s = "tokens:\n".to_owned();
         for (name, role, token) in [
+            ("root", "admin", &self.admin),
             ("alice", "operator", &self.operator),
             ("victor", "viewer", &self.viewer),
             ("agents", "agent", &self.agent),
@@ -568,6 +572,83 @@ fn failures_exit_with_the_documented_codes() {
         help.stdout
     );
 
+    c.assert_no_token_printed();
+}
+
+#[test]
+fn remediation_status_and_a_breaker_reset_through_the_cli() {
+    let mut c = Ctl::start();
+    let server = c.server();
+    let status = c.op(&["remediation"]);
+    let text = status.ok();
+    assert!(
+        text.contains("remediation: dry run") && text.contains("circuit breaker: closed"),
+        "{text}"
+    );
+
+    // Fatal XIDs on three nodes of three: the breaker allows one isolation per window
+    // (10 % of three nodes, at least one), so the dry run trips it.
+    for (seq, node) in ["node-1", "node-2", "node-3"].iter().enumerate() {
+        c.ingest_xid(node, 0, seq as u64 + 1);
+    }
+    c.wait_for_incidents(3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = c.op(&["remediation", "status", "--output", "json"]).json();
+        if s["dry_run_tripped"] == true {
+            assert_eq!(s["tripped"], false, "{s}");
+            assert_eq!(s["breaker_cap"], 1, "{s}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the dry run never tripped: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let text = c.op(&["remediation"]).ok().to_owned();
+    assert!(text.contains("tripped in the dry run"), "{text}");
+    assert!(text.contains("  tripped at "), "{text}");
+
+    // Only an admin resets it, with a reason; a second reset finds nothing to reset.
+    c.op(&[
+        "remediation",
+        "reset-breaker",
+        "--reason",
+        "rack 4 power fixed",
+    ])
+    .fails(3, "warden: 403 Forbidden");
+    c.op(&["remediation", "reset-breaker", "--reason", " "])
+        .fails(2, "--reason must not be empty");
+    let admin = c.tokens.admin.clone();
+    let as_admin = [("WARDEN_TOKEN", admin.as_str())];
+    let reset = c.warden(
+        &[
+            "remediation",
+            "reset-breaker",
+            "--reason",
+            "rack 4 power fixed",
+            "--server",
+            &server,
+        ],
+        &as_admin,
+    );
+    let text = reset.ok();
+    assert!(
+        text.starts_with("circuit breaker reset\n") && text.contains("circuit breaker: closed"),
+        "{text}"
+    );
+    c.warden(
+        &[
+            "remediation",
+            "reset-breaker",
+            "--reason",
+            "again",
+            "--server",
+            &server,
+        ],
+        &as_admin,
+    )
+    .fails(5, "warden: 409 Conflict");
+    let actions = c.op(&["remediation", "--output", "json"]).json();
+    assert_eq!(actions["dry_run_tripped"], false, "{actions}");
     c.assert_no_token_printed();
 }
 

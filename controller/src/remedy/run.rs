@@ -317,11 +317,11 @@ impl RailsState {
 }
 
 /// What the API shows of remediation.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RemedyStatus {
     /// Whether actions are only recorded.
     pub dry_run: bool,
-    /// The actuator: `none` or `script`.
+    /// The actuator: `none`, `script`, `slurm` or `kubernetes`.
     pub actuator: String,
     /// Nodes isolated within the breaker's window.
     pub isolated_in_window: usize,
