@@ -155,11 +155,6 @@ impl Ctl {
         assert_eq!(status, 200, "{body}");
     }
 
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Whether the process still runs.
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().expect("wait").is_none()
