@@ -35,6 +35,9 @@ use crate::view::{IncidentView, JobView, NodeView, RankView};
 /// Default largest ingest body accepted, bytes.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
 
+/// How long a batch with node events waits to be stored before the answer is 503.
+const STORED_WAIT: Duration = Duration::from_secs(5);
+
 /// How long `/readyz` waits for the engine lock before answering 503.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -330,10 +333,18 @@ async fn ingest(
         bytes = body.len(),
         accepted = tracing::field::Empty,
     );
-    let result = span.in_scope(|| s.engine.lock().ingest(&body, encoding, now));
+    let result = span.in_scope(|| s.engine.ingest(&body, encoding, now));
     match result {
-        Ok(accepted) => {
+        Ok((accepted, mark)) => {
             span.record("accepted", accepted);
+            // Node events are sent once: acknowledged only when stored (a crash before
+            // would lose them); the agent sends the batch again otherwise.
+            if !s.engine.wait_stored(mark, STORED_WAIT).await {
+                return Err(ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "applied, but not stored yet; send the batch again".to_owned(),
+                ));
+            }
             Ok(Json(IngestResponse { accepted }))
         }
         Err(e) => {

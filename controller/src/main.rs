@@ -16,7 +16,7 @@ use warden_controller::auth::{self, Auth, Role};
 use warden_controller::config::{ControllerConfig, Overrides, StoreLocation};
 use warden_controller::diagnosis::{self, Diagnoser, DiagnosisQueue, HttpLogSource};
 use warden_controller::incidents::BookConfig;
-use warden_controller::leader::Leadership;
+use warden_controller::leader::{Change, Leadership};
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::{self, Operator};
 use warden_controller::persist::Persister;
@@ -354,32 +354,32 @@ async fn run(
     };
 
     // Follow until the lease is ours; then take the incidents back, finish what the
-    // previous leader left unfinished, and start detecting.
-    let (became_tx, became_rx) = tokio::sync::oneshot::channel();
-    let (lost_tx, mut lost_rx) = tokio::sync::oneshot::channel();
-    let lease = tokio::spawn(
-        leadership
-            .clone()
-            .run(store, clock.clone(), became_tx, lost_tx),
-    );
-    let mut ticker = None;
-    tokio::select! {
-        served = &mut server => {
-            lease.abort();
-            return finish(served);
-        }
-        became = became_rx => {
-            if became.is_ok() {
+    // previous leader left unfinished, and start detecting. A leader cut off from its
+    // database stops acting and starts again once the lease is back (`leader::Change`).
+    let (changes_tx, mut changes) = tokio::sync::mpsc::unbounded_channel();
+    let lease = tokio::spawn(leadership.clone().run(store, clock.clone(), changes_tx));
+    let mut ticker: Option<tokio::task::JoinHandle<()>> = None;
+    let outcome = loop {
+        let change = tokio::select! {
+            served = &mut server => break finish(served),
+            change = changes.recv() => change,
+        };
+        match change {
+            Some(Change::Lead) => {
+                if let Some(t) = ticker.take() {
+                    t.abort();
+                }
                 ticker = Some(lead(&config, &operator, &clock, &metrics).await?);
             }
+            Some(Change::Pause(why)) => {
+                if let Some(t) = ticker.take() {
+                    t.abort();
+                }
+                tracing::warn!(reason = %why, "stopped acting until the leader lease is back");
+            }
+            Some(Change::Lost(why)) => break Err(anyhow::anyhow!("stopped leading: {why}")),
+            None => break finish(server.await),
         }
-    }
-    let outcome = tokio::select! {
-        served = &mut server => finish(served),
-        lost = &mut lost_rx => match lost {
-            Ok(why) => Err(anyhow::anyhow!("stopped leading: {why}")),
-            Err(_) => finish(server.await),
-        },
     };
     if let Some(t) = ticker {
         t.abort();
@@ -431,6 +431,7 @@ async fn lead(
         tracing::info!(actions = finished, "unfinished actions finished");
     }
     let queue = start_diagnosis(config, &operator.engine, clock, metrics)?;
+    operator.engine.ack_when_stored();
     Ok(tokio::spawn(tick_loop(
         operator.clone(),
         clock.clone(),
@@ -510,22 +511,27 @@ async fn tick_loop(
         let pass = tokio::task::spawn_blocking(move || {
             let _in = pass_span.enter();
             let mut e = pass_engine.lock();
+            let seen = e.event_batches();
             let changes = e.tick(now);
             pass_span.record("changes", changes.len());
             log_changes(&e, &changes);
             if let Some(a) = &pass_alerts {
                 a.submit_changes(&e, &changes);
             }
-            changes
+            (changes, seen)
         });
-        match pass.await {
-            Ok(changes) => {
+        let seen = match pass.await {
+            Ok((changes, seen)) => {
                 if let Some(q) = &queue {
                     q.submit_opened(&changes);
                 }
+                Some(seen)
             }
-            Err(e) => tracing::error!(error = %e, "detector pass failed"),
-        }
+            Err(e) => {
+                tracing::error!(error = %e, "detector pass failed");
+                None
+            }
+        };
         // Write what changed; a failing store is retried on every pass and reported
         // once until it recovers.
         let synced = operator
@@ -539,6 +545,9 @@ async fn tick_loop(
                 "store.sync"
             ))
             .await;
+        if let (Ok(_), Some(seen)) = (&synced, seen) {
+            engine.stored_through(seen);
+        }
         match synced {
             Ok(_) if store_failing => {
                 store_failing = false;

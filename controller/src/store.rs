@@ -109,6 +109,37 @@ fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| StoreError::Query { what, source }
 }
 
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
+/// The INSERT recording `a` as intended.
+fn intend_query(a: &ActionRecord) -> AnyQuery<'_> {
+    sqlx::query(
+        "INSERT INTO actions (id, kind, target, incident_id, actor, reason, dry_run, \
+             status, result, intended_at, finished_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'intended', NULL, $8, NULL)",
+    )
+    .bind(&a.id)
+    .bind(a.kind.as_str())
+    .bind(&a.target)
+    .bind(a.incident.as_deref())
+    .bind(&a.actor)
+    .bind(&a.reason)
+    .bind(flag(a.dry_run))
+    .bind(a.intended_at.0)
+}
+
+/// The upsert of remediation state `name`.
+fn state_query<'q>(name: &'q str, doc: &'q str, at: Timestamp) -> AnyQuery<'q> {
+    sqlx::query(
+        "INSERT INTO remediation_state (name, doc, updated_at) VALUES ($1, $2, $3) \
+         ON CONFLICT (name) DO UPDATE SET doc = excluded.doc, \
+             updated_at = excluded.updated_at",
+    )
+    .bind(name)
+    .bind(doc)
+    .bind(at.0)
+}
+
 /// Which database a store talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -702,22 +733,38 @@ impl Store {
 
     /// Record `a` as intended (its status is ignored: it is stored as intended).
     pub async fn intend(&self, a: &ActionRecord) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO actions (id, kind, target, incident_id, actor, reason, dry_run, \
-                 status, result, intended_at, finished_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'intended', NULL, $8, NULL)",
-        )
-        .bind(&a.id)
-        .bind(a.kind.as_str())
-        .bind(&a.target)
-        .bind(a.incident.as_deref())
-        .bind(&a.actor)
-        .bind(&a.reason)
-        .bind(flag(a.dry_run))
-        .bind(a.intended_at.0)
-        .execute(&self.pool)
-        .await
-        .map_err(q("recording an intended action"))?;
+        intend_query(a)
+            .execute(&self.pool)
+            .await
+            .map_err(q("recording an intended action"))?;
+        Ok(())
+    }
+
+    /// Write remediation state `name` and record `a` as intended in one transaction:
+    /// a decision and the action it calls for are stored together or not at all.
+    pub async fn put_remediation_state_and_intend(
+        &self,
+        name: &str,
+        doc: &str,
+        at: Timestamp,
+        a: &ActionRecord,
+    ) -> Result<(), StoreError> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(q("starting a transaction"))?;
+        state_query(name, doc, at)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("writing remediation state"))?;
+        intend_query(a)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("recording an intended action"))?;
+        tx.commit()
+            .await
+            .map_err(q("committing remediation state and an intended action"))?;
         Ok(())
     }
 
@@ -849,17 +896,10 @@ impl Store {
         doc: &str,
         at: Timestamp,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO remediation_state (name, doc, updated_at) VALUES ($1, $2, $3) \
-             ON CONFLICT (name) DO UPDATE SET doc = excluded.doc, \
-                 updated_at = excluded.updated_at",
-        )
-        .bind(name)
-        .bind(doc)
-        .bind(at.0)
-        .execute(&self.pool)
-        .await
-        .map_err(q("writing remediation state"))?;
+        state_query(name, doc, at)
+            .execute(&self.pool)
+            .await
+            .map_err(q("writing remediation state"))?;
         Ok(())
     }
 

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -181,6 +182,35 @@ impl RemedyConfig {
         out
     }
 }
+
+/// An action of remediation's, not yet recorded.
+fn new_action(
+    kind: ActionKind,
+    target: &str,
+    incident: Option<&str>,
+    actor: &str,
+    reason: &str,
+    dry_run: bool,
+    now: Timestamp,
+) -> ActionRecord {
+    ActionRecord {
+        id: crate::operate::action_id(now),
+        kind,
+        target: target.to_owned(),
+        incident: incident.map(str::to_owned),
+        actor: actor.to_owned(),
+        reason: reason.to_owned(),
+        dry_run,
+        status: ActionStatus::Intended,
+        result: None,
+        intended_at: now,
+        finished_at: None,
+    }
+}
+
+/// How long after taking the lead decisions wait for the agents to be heard again
+/// while the breaker's cap, counted over the nodes heard, is still too small.
+const AGENTS_REPORT_SECS: f64 = 10.0;
 
 /// How recently a node's agent must have been heard for the node to count as healthy.
 const AGENT_FRESH_SECS: f64 = 120.0;
@@ -441,6 +471,9 @@ pub struct Remediator {
     metrics: Option<Arc<crate::metrics::Metrics>>,
     clock: Arc<dyn crate::clock::Clock>,
     state: Arc<Mutex<RailsState>>,
+    /// When this controller last took the lead ([`Remediator::reload`]), ns since the
+    /// epoch; 0 before.
+    led_at: Arc<AtomicI64>,
 }
 
 /// What a pass did.
@@ -495,6 +528,7 @@ impl Remediator {
             metrics,
             clock,
             state: Arc::new(Mutex::new(state)),
+            led_at: Arc::new(AtomicI64::new(0)),
         };
         r.publish(&*r.state.lock().await);
         Ok(r)
@@ -503,6 +537,8 @@ impl Remediator {
     /// Read the rails' state from the store again (on taking the lead: another
     /// controller may have acted).
     pub async fn reload(&self) -> Result<(), RemedyError> {
+        self.led_at
+            .store(self.clock.now().0.max(1), AtomicOrdering::SeqCst);
         let state = read_state(&self.store).await?;
         let mut s = self.state.lock().await;
         *s = state;
@@ -700,47 +736,40 @@ impl Remediator {
         result: &str,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        self.record_at(
-            kind, target, incident, actor, reason, dry_run, result, now, now,
-        )
-        .await
+        let a = new_action(kind, target, incident, actor, reason, dry_run, now);
+        self.store.intend(&a).await?;
+        self.done(&a, result, now).await
     }
 
-    /// [`Remediator::record`] with its own finish time.
-    #[allow(clippy::too_many_arguments)]
-    async fn record_at(
+    /// Write the rails' state and record `a` as intended, in one transaction, before
+    /// the actuator runs: a kill before it leaves neither (the incident is decided
+    /// again), a kill after it leaves both, and the next start finishes `a` as
+    /// interrupted and does not repeat it.
+    async fn save_and_intend(
         &self,
-        kind: ActionKind,
-        target: &str,
-        incident: Option<&str>,
-        actor: &str,
-        reason: &str,
-        dry_run: bool,
-        result: &str,
+        s: &RailsState,
+        a: &ActionRecord,
         now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let doc = serde_json::to_string(s).unwrap_or_else(|_| "{}".to_owned());
+        self.store
+            .put_remediation_state_and_intend(STATE, &doc, now, a)
+            .await
+    }
+
+    /// Record `a` as done with `result` at `finished`, and count it.
+    async fn done(
+        &self,
+        a: &ActionRecord,
+        result: &str,
         finished: Timestamp,
     ) -> Result<(), StoreError> {
-        let id = crate::operate::action_id(now);
-        let a = ActionRecord {
-            id: id.clone(),
-            kind,
-            target: target.to_owned(),
-            incident: incident.map(str::to_owned),
-            actor: actor.to_owned(),
-            reason: reason.to_owned(),
-            dry_run,
-            status: ActionStatus::Intended,
-            result: None,
-            intended_at: now,
-            finished_at: None,
-        };
-        self.store.intend(&a).await?;
         self.store
-            .finish(&id, ActionStatus::Done, result, finished)
+            .finish(&a.id, ActionStatus::Done, result, finished)
             .await?;
         if let Some(m) = &self.metrics {
-            let label = if dry_run { "dry_run" } else { "done" };
-            m.actions.with_label_values(&[kind.as_str(), label]).inc();
+            let label = if a.dry_run { "dry_run" } else { "done" };
+            m.actions.with_label_values(&[a.kind.as_str(), label]).inc();
         }
         Ok(())
     }
@@ -770,8 +799,16 @@ impl Remediator {
             .filter(|i| i.state != IncidentState::Resolved && !s.handled.contains_key(&i.id))
             .cloned()
             .collect();
+        // Right after taking the lead the agents are not heard again yet, and the
+        // breaker's cap counts the nodes heard: while one more isolation would go over
+        // that smaller cap, decisions wait (up to AGENTS_REPORT_SECS) rather than trip
+        // the breaker on a partial view of the fleet.
+        let led_at = self.led_at.load(AtomicOrdering::SeqCst);
+        let settling = led_at != 0
+            && now.secs_since(Timestamp(led_at)) < AGENTS_REPORT_SECS
+            && s.isolations_of(self.config.dry_run).len() + 1 > self.cap(self.known_nodes(now));
         let mut restarts: Vec<PendingRestart> = Vec::new();
-        for inc in candidates {
+        for inc in candidates.into_iter().filter(|_| !settling) {
             let waited_out = inc.diagnosis.is_some()
                 || now.secs_since(inc.detected_at) >= self.config.diagnosis_wait.as_secs_f64();
             let rule = match self.policy.decide(&inc, &*s, now, waited_out) {
@@ -797,7 +834,9 @@ impl Remediator {
                     });
                 }
             }
-            self.save(&s, now).await?;
+            // The decision is written with the first action it calls for (or below,
+            // when it calls for none), never before: a kill in between would leave it
+            // decided with nothing done and nothing in the audit log.
             let prefix = if self.config.dry_run { "dry run: " } else { "" };
             self.note(
                 &mut out,
@@ -814,6 +853,7 @@ impl Remediator {
                 false,
                 now,
             );
+            let queued = restarts.iter().map(|r| 1 + r.joined.len()).sum::<usize>();
             self.act(
                 &mut s,
                 &mut out,
@@ -824,6 +864,11 @@ impl Remediator {
                 now,
             )
             .await?;
+            // An incident whose restart waits for the end of the pass is written with
+            // that restart's intent, like any other decision with its first action.
+            if restarts.iter().map(|r| 1 + r.joined.len()).sum::<usize>() == queued {
+                self.save(&s, now).await?;
+            }
         }
         // One restart per job and pass, without every node isolated for it: faults on
         // two nodes of one job at once must not requeue it twice.
@@ -838,6 +883,7 @@ impl Remediator {
                 );
                 self.note(&mut out, other, &what, false, now);
             }
+            self.save(&s, now).await?;
         }
         drop(s);
         self.release_healthy(&mut out, now).await?;
@@ -1119,7 +1165,16 @@ impl Remediator {
                         s.last_isolated.insert(node.clone(), now.0);
                         s.recent.push(now.0);
                     }
-                    self.save(s, now).await?;
+                    let record = new_action(
+                        ActionKind::Isolate,
+                        &node,
+                        Some(&inc.id),
+                        POLICY_ACTOR,
+                        &reason,
+                        dry,
+                        now,
+                    );
+                    self.save_and_intend(s, &record, now).await?;
                     let req = Isolation {
                         node: node.clone(),
                         incident: Some(inc.id.clone()),
@@ -1155,17 +1210,7 @@ impl Remediator {
                             Err(e) => format!("{} {node} failed: {e}", action.as_str()),
                         }
                     };
-                    self.record(
-                        ActionKind::Isolate,
-                        &node,
-                        Some(&inc.id),
-                        POLICY_ACTOR,
-                        &reason,
-                        dry,
-                        &result,
-                        now,
-                    )
-                    .await?;
+                    self.done(&record, &result, now).await?;
                     out.actions += 1;
                     isolated.push(node);
                     self.note(out, &inc.id, &result, !dry, now);
@@ -1259,7 +1304,16 @@ impl Remediator {
         if !dry {
             s.recent.push(now.0);
         }
-        self.save(s, now).await?;
+        let record = new_action(
+            ActionKind::Restart,
+            &job,
+            Some(&inc.id),
+            POLICY_ACTOR,
+            reason,
+            dry,
+            now,
+        );
+        self.save_and_intend(s, &record, now).await?;
         let (namespace, name) = match job.split_once('/') {
             Some((ns, name)) => (ns.to_owned(), name.to_owned()),
             None => (self.config.kubernetes_namespace.clone(), job.clone()),
@@ -1315,18 +1369,7 @@ impl Remediator {
             }
         };
         let finished = if dry { now } else { self.clock.now() };
-        self.record_at(
-            ActionKind::Restart,
-            &job,
-            Some(&inc.id),
-            POLICY_ACTOR,
-            reason,
-            dry,
-            &result,
-            now,
-            finished,
-        )
-        .await?;
+        self.done(&record, &result, finished).await?;
         out.actions += 1;
         self.note(out, &inc.id, &result, !dry, now);
         Ok(())

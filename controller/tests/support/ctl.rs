@@ -136,46 +136,33 @@ impl Ctl {
 
     /// Post a heartbeat from `node` (so the controller knows the node).
     pub fn ingest_heartbeat(&self, node: &str, seq: u64) {
-        self.ingest_events(node, seq, vec![]);
+        self.ingest(&batch(node, seq, vec![]));
     }
 
     /// Post a batch from `node` with a fatal XID 79 on GPU 3.
     pub fn ingest_xid(&self, node: &str, seq: u64) {
-        let event = NodeEvent {
-            id: seq,
-            at_ns: now_ns(),
-            kind: NodeEventKind::Xid as i32,
-            severity: EventSeverity::Fatal as i32,
-            gpu_index: Some(3),
-            pci_bus_id: "0000:3b:00".into(),
-            code: Some(79),
-            message: "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.".into(),
-            count: 1,
-        };
-        self.ingest_events(node, seq, vec![event]);
+        self.ingest(&xid_batch(node, seq));
     }
 
-    /// Post a batch from `node` holding `events` and a heartbeat.
-    fn ingest_events(&self, node: &str, seq: u64, events: Vec<NodeEvent>) {
-        let batch = Batch {
-            version: 0,
-            node: node.into(),
-            agent_id: format!("agent-{node}"),
-            boot_id: "boot-1".into(),
-            seq,
-            sent_at_ns: now_ns(),
-            jobs: vec![],
-            gpus: vec![],
-            events,
-            heartbeat: Some(Heartbeat::default()),
-        };
+    /// Post an encoded batch, expecting 200.
+    fn ingest(&self, batch: &[u8]) {
         let (status, body) = self.call(
             "POST",
             "/api/v1/ingest",
             "application/vnd.warden.batch",
-            &batch.encode_binary(),
+            batch,
         );
         assert_eq!(status, 200, "{body}");
+    }
+
+    /// Whether the process still runs.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
+    }
+
+    /// The stderr lines not yet read.
+    pub fn lines(&self) -> Vec<String> {
+        self.stderr.try_iter().collect()
     }
 
     /// `GET /api/v1/incidents`.
@@ -193,6 +180,60 @@ impl Ctl {
             .expect("array")
             .clone()
     }
+}
+
+/// An encoded batch from `node` with a fatal XID 79 on GPU 3 and a heartbeat.
+pub fn xid_batch(node: &str, seq: u64) -> Vec<u8> {
+    let event = NodeEvent {
+        id: seq,
+        at_ns: now_ns(),
+        kind: NodeEventKind::Xid as i32,
+        severity: EventSeverity::Fatal as i32,
+        gpu_index: Some(3),
+        pci_bus_id: "0000:3b:00".into(),
+        code: Some(79),
+        message: "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.".into(),
+        count: 1,
+    };
+    batch(node, seq, vec![event])
+}
+
+/// An encoded batch from `node` holding `events` and a heartbeat.
+pub fn batch(node: &str, seq: u64, events: Vec<NodeEvent>) -> Vec<u8> {
+    Batch {
+        version: 0,
+        node: node.into(),
+        agent_id: format!("agent-{node}"),
+        boot_id: "boot-1".into(),
+        seq,
+        sent_at_ns: now_ns(),
+        jobs: vec![],
+        gpus: vec![],
+        events,
+        heartbeat: Some(Heartbeat::default()),
+    }
+    .encode_binary()
+}
+
+/// Post an encoded batch to the controller on `port` as an agent does, giving up after
+/// `timeout`: the status, or `None` when no answer came (refused, reset, cut off).
+pub fn post_batch(port: u16, batch: &[u8], timeout: Duration) -> Option<u16> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.set_write_timeout(Some(timeout)).ok()?;
+    write!(
+        s,
+        "POST /api/v1/ingest HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+         Content-Type: application/vnd.warden.batch\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
+        batch.len()
+    )
+    .ok()?;
+    s.write_all(batch).ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.split(' ').nth(1)?.parse().ok()
 }
 
 /// Nanoseconds since the epoch, now.
