@@ -655,12 +655,12 @@ fn tokens_and_keys_appear_in_no_log_and_no_answer() {
     });
     let want_agent = format!("Bearer {}", secrets.agent);
     assert!(
-        servers.agent.auth().iter().any(|a| *a == want_agent),
+        servers.agent.auth().contains(&want_agent),
         "the agents' token was sent with log pulls"
     );
     let want_llm = format!("Bearer {}", secrets.llm_key);
     assert!(
-        servers.llm.auth().iter().any(|a| *a == want_llm),
+        servers.llm.auth().contains(&want_llm),
         "the LLM key was sent to the endpoint"
     );
     let output = c.kill_and_read();
