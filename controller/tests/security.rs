@@ -3,8 +3,9 @@
 //! nothing beyond what the policy decides; secrets planted in log lines reach neither
 //! the LLM endpoint, nor the controller's own output at trace level, nor the incident
 //! the API shows; API tokens, the agents' token and the LLM key appear in no log line
-//! and no answer, refused requests included; and a log line cut inside a character
-//! cannot stop ingest.
+//! and no answer, refused requests included, nor in a `Debug` dump of the log source; a
+//! log line cut inside a character cannot stop ingest; and, in process, a group
+//! isolation takes only nodes of the incident's job, whatever nodes the diagnosis names.
 //!
 //! The agents' log API and the LLM endpoint are played by small servers in the test on
 //! 127.0.0.1, which keep what they were sent; remediation acts for real (dry run off)
