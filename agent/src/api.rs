@@ -19,7 +19,7 @@ pub const MAX_WINDOW_SECS: f64 = 3600.0;
 pub const MAX_LINES: usize = 10_000;
 
 /// What the handlers share.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ApiState {
     /// Every metric the agent exports.
     pub registry: Registry,
@@ -29,6 +29,18 @@ pub struct ApiState {
     pub token: Option<Arc<str>>,
     /// Collectors that are down, for `/healthz`.
     pub collectors_down: Arc<Mutex<Vec<String>>>,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is never printed, not even by a debug dump.
+        f.debug_struct("ApiState")
+            .field("registry", &self.registry)
+            .field("window", &self.window)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("collectors_down", &self.collectors_down)
+            .finish()
+    }
 }
 
 /// Build the router.
@@ -263,5 +275,12 @@ mod tests {
         assert_eq!(st, StatusCode::OK);
         let (st, _) = get(state(Some("s3cret")), "/healthz", None).await;
         assert_eq!(st, StatusCode::OK);
+    }
+
+    #[test]
+    fn a_debug_dump_of_the_state_never_shows_the_token() {
+        let dump = format!("{:?}", state(Some("wdn_5ecre7-log-api-token")));
+        assert!(!dump.contains("5ecre7"), "{dump}");
+        assert!(dump.contains("***"), "{dump}");
     }
 }

@@ -275,7 +275,7 @@ pub trait Transport: Send + Sync + 'static {
 pub struct HttpTransport {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     uri: hyper::Uri,
-    auth: Option<String>,
+    auth: Option<hyper::header::HeaderValue>,
     timeout: Duration,
 }
 
@@ -332,10 +332,19 @@ impl HttpTransport {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .build(https);
+        let auth = token
+            .map(|t| {
+                let mut v = hyper::header::HeaderValue::try_from(format!("Bearer {}", t.trim()))
+                    .map_err(|_| "the token holds characters a header cannot".to_owned())?;
+                // Kept out of any Debug output of the request.
+                v.set_sensitive(true);
+                Ok::<_, String>(v)
+            })
+            .transpose()?;
         Ok(HttpTransport {
             client,
             uri,
-            auth: token.map(|t| format!("Bearer {}", t.trim())),
+            auth,
             timeout,
         })
     }

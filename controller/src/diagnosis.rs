@@ -23,6 +23,7 @@ use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc};
 use tracing::Instrument;
 use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser};
+use warden_diagnosis::redact::{Pseudonyms, Redactor};
 use warden_diagnosis::rules::RuleSet;
 use warden_diagnosis::{Diagnosis, LogLine, PipelineOptions};
 use warden_model::{DiagnosisEvidence, IncidentDiagnosis, NodeName, Timestamp};
@@ -201,12 +202,23 @@ pub trait LogSource: Send + Sync + std::fmt::Debug {
 const MAX_ANSWER_BYTES: usize = 64 << 20;
 
 /// Pulls log windows from the agents' `GET /api/v1/logs`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HttpLogSource {
     client: Client<HttpConnector, Empty<Bytes>>,
     url_template: String,
     token: Option<Arc<str>>,
     timeout: Duration,
+}
+
+impl std::fmt::Debug for HttpLogSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The agents' token is never printed, not even by a debug dump.
+        f.debug_struct("HttpLogSource")
+            .field("url_template", &self.url_template)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HttpLogSource {
@@ -496,37 +508,50 @@ const MAX_EVIDENCE: usize = 20;
 const MAX_EVIDENCE_CHARS: usize = 1000;
 
 /// The model's form of an answer, evidence lines tagged with their node and rank.
+///
+/// Every text on it (evidence lines, culprit, explanation) has its secrets removed
+/// first, together, so a password seen in one line is also taken out where it recurs:
+/// the diagnosis is stored, sent with alerts and shown to every viewer of the API,
+/// while the logs it quotes can hold credentials.
 pub fn to_incident_diagnosis(
     d: &Diagnosis,
     lines: &[LogLine],
     nodes_read: Vec<NodeName>,
 ) -> IncidentDiagnosis {
-    let evidence = d
-        .evidence
+    let kept: Vec<&warden_diagnosis::EvidenceLine> = d.evidence.iter().take(MAX_EVIDENCE).collect();
+    let mut texts: Vec<&str> = kept.iter().map(|e| e.text.as_str()).collect();
+    texts.push(&d.culprit.text);
+    texts.push(&d.explanation);
+    let mut clean = Redactor::default()
+        .redact_batch(&texts, &[], &mut Pseudonyms::new())
+        .into_iter();
+    let evidence = kept
         .iter()
-        .take(MAX_EVIDENCE)
         .map(|e| {
             let line = usize::try_from(e.id).ok().and_then(|i| lines.get(i));
+            let text = clean.next().unwrap_or_default();
             DiagnosisEvidence {
                 id: e.id,
                 node: line.and_then(|l| l.node.clone()),
                 rank: line.and_then(|l| l.rank),
-                text: e.text.chars().take(MAX_EVIDENCE_CHARS).collect(),
+                text: text.chars().take(MAX_EVIDENCE_CHARS).collect(),
                 reason: e.reason.clone(),
             }
         })
         .collect();
+    let culprit = clean.next().unwrap_or_default();
+    let explanation = clean.next().unwrap_or_default();
     IncidentDiagnosis {
         category: d.category.map(|c| c.as_str().to_owned()),
         fault_locus: d.fault_locus.map(|l| l.as_str().to_owned()),
         ranks: d.culprit.ranks.clone(),
         nodes: d.culprit.nodes.clone(),
         gpus: d.culprit.gpus.clone(),
-        culprit: d.culprit.text.clone(),
+        culprit,
         confidence: d.confidence.clamp(0.0, 1.0),
         rule_ids: d.rule_ids.clone(),
         evidence,
-        explanation: d.explanation.clone(),
+        explanation,
         source: d.source.clone(),
         lines_read: lines.len() as u64,
         nodes_read,

@@ -217,6 +217,24 @@ impl Engine {
         self.cluster.jobs.get(job).and_then(|j| j.lifecycle.clone())
     }
 
+    /// The nodes job `job` runs on: those its ranks were reported from and those its
+    /// scheduler allocated. Empty for an unknown job.
+    pub fn job_nodes(&self, job: &str) -> Vec<String> {
+        let Some(j) = self.cluster.jobs.get(job) else {
+            return Vec::new();
+        };
+        let mut nodes: Vec<String> = j
+            .ranks
+            .iter()
+            .filter(|r| r.known && r.node != crate::state::NO_NODE)
+            .map(|r| self.cluster.node_name(r.node).to_owned())
+            .chain(j.lifecycle.iter().flat_map(|l| l.nodes.iter().cloned()))
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
     /// Run every detector at `now` and fold their findings into incidents.
     pub fn tick(&mut self, now: Timestamp) -> Vec<IncidentChange> {
         self.stats.ticks += 1;

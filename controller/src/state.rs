@@ -1226,10 +1226,32 @@ fn apply_log(job: &mut JobState, l: &LogRecord) {
         if r.last_errors.len() >= 4 {
             r.last_errors.remove(0);
         }
-        let mut line = l.line.clone();
-        line.truncate(300);
-        r.last_errors.push(line);
+        r.last_errors.push(kept_error_line(&l.line));
     }
+}
+
+/// Longest error line kept per rank, bytes.
+const MAX_ERROR_LINE_BYTES: usize = 300;
+/// How much of a line is read for secrets before it is cut (a secret that starts in
+/// the kept part and runs past this is still caught by its beginning).
+const REDACT_WINDOW_BYTES: usize = 1024;
+
+/// An error line as the controller keeps it (crash evidence, the API, the store, the
+/// diagnosis): secrets removed (log lines can carry passwords and tokens, and incidents
+/// are readable by every viewer), then cut at a character boundary.
+fn kept_error_line(line: &str) -> String {
+    let clean = warden_diagnosis::redact::Redactor::default()
+        .redact_secrets(prefix(line, REDACT_WINDOW_BYTES));
+    prefix(&clean, MAX_ERROR_LINE_BYTES).to_owned()
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn prefix(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 #[cfg(test)]
@@ -1365,5 +1387,16 @@ mod tests {
             "{:?}",
             r.compute
         );
+    }
+
+    #[test]
+    fn a_kept_error_line_is_cut_on_a_character_and_holds_no_secret() {
+        // A two-byte character across the cut: the cut goes before it.
+        let line = format!("{}é and the rest", "e".repeat(MAX_ERROR_LINE_BYTES - 1));
+        let kept = kept_error_line(&line);
+        assert_eq!(kept.len(), MAX_ERROR_LINE_BYTES - 1);
+        let kept = kept_error_line("RuntimeError: login failed password=hunter2-horse");
+        assert!(!kept.contains("hunter2-horse"), "{kept}");
+        assert!(kept.starts_with("RuntimeError: login failed"), "{kept}");
     }
 }

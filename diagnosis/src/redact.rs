@@ -6,7 +6,7 @@
 //! | removed (`[REDACTED:<kind>]`) | examples |
 //! |---|---|
 //! | private keys | a PEM `-----BEGIN ... PRIVATE KEY-----` block, or its start when cut |
-//! | API tokens by shape | `sk-...`, `ghp_...`/`github_pat_...`, `xoxb-...`, `hf_...`, `AKIA...`, JWTs, `Bearer ...` |
+//! | API tokens by shape | `sk-...`, `ghp_...`/`github_pat_...`, `xoxb-...`, `hf_...`, `AKIA...`, Warden's own `wdn_...`, JWTs, `Bearer ...` |
 //! | values of secret keys | `password=`, `PGPASSWORD=`, `api_key:`, `token=`, `secret=`, `--password x`, `"passwd": "x"` |
 //! | URL credentials | `https://user:pass@host` |
 //! | e-mail addresses | `alice@example.com` |
@@ -212,6 +212,9 @@ fn patterns() -> Vec<Pattern> {
         ),
         s("token", 0, r"\bxox[abposr]-[A-Za-z0-9-]{10,}", always),
         s("token", 0, r"\bhf_[A-Za-z0-9]{30,}", always),
+        // Warden's own API and agent tokens (`warden-controller token`): bare hex, which
+        // is otherwise kept, so their prefix is what gives them away.
+        s("token", 0, r"\bwdn_[0-9A-Fa-f]{32,}", always),
         s("token", 0, r"\bAIza[0-9A-Za-z_-]{35}", always),
         s(
             "aws-key",
@@ -694,6 +697,10 @@ mod tests {
             (
                 "slack xoxb-123456789012-abcdefghijkl posted",
                 "slack [REDACTED:token] posted",
+            ),
+            (
+                "curl -H \"X-Auth: wdn_0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0\" ok",
+                "curl -H \"X-Auth: [REDACTED:token]\" ok",
             ),
             (
                 "aws id AKIAIOSFODNN7EXAMPLE in env",

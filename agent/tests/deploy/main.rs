@@ -642,6 +642,128 @@ fn controller_runs_one_unprivileged_replica() {
     }
 }
 
+/// Containers that run as uid 0, with the only capabilities each may add. Everything
+/// else runs as a non-root user and adds none. The agent is here because a capability
+/// a container adds is only effective for uid 0 (Kubernetes sets no ambient
+/// capabilities, and `allowPrivilegeEscalation: false` turns file capabilities off):
+/// it needs `SYSLOG` to open /dev/kmsg under `kernel.dmesg_restrict=1` (SECURITY.md,
+/// docs/DEPLOY.md). Widening this table is a security review, not a test fix.
+const ROOT_CONTAINERS: &[(&str, &str, &[&str])] = &[("warden-agent", "agent", &["SYSLOG"])];
+
+/// Every container of every workload in `objs` is locked down: no privilege, no
+/// escalation, a read-only root filesystem, every capability dropped (and only those of
+/// [`ROOT_CONTAINERS`] added back), the runtime's default seccomp profile, no host PID
+/// or IPC namespace, and a non-root user with an explicit uid and gid unless the table
+/// names it. Returns how many containers were checked.
+fn check_lockdown(what: &str, objs: &[(Obj, Typed)]) -> usize {
+    let mut checked = 0;
+    for (o, t) in objs {
+        let has_template = o.value.pointer("/spec/template/spec").is_some()
+            || o.value.pointer("/spec/containers").is_some();
+        let Some(pod) = t.pod_spec() else {
+            assert!(
+                !has_template,
+                "{what}: {} runs pods this test does not see; teach Typed::pod_spec its kind",
+                o.id()
+            );
+            continue;
+        };
+        let workload = o.name();
+        assert_ne!(pod.host_pid, Some(true), "{what}: {workload} hostPID");
+        assert_ne!(pod.host_ipc, Some(true), "{what}: {workload} hostIPC");
+        let psc = pod.security_context.clone().unwrap_or_default();
+        let containers = pod
+            .containers
+            .iter()
+            .chain(pod.init_containers.iter().flatten());
+        for c in containers {
+            let at = format!("{what}: {workload}/{}", c.name);
+            let sc = c
+                .security_context
+                .as_ref()
+                .unwrap_or_else(|| panic!("{at}: no securityContext"));
+            assert_eq!(sc.privileged, Some(false), "{at}: privileged: false");
+            assert_eq!(
+                sc.allow_privilege_escalation,
+                Some(false),
+                "{at}: allowPrivilegeEscalation: false"
+            );
+            assert_eq!(
+                sc.read_only_root_filesystem,
+                Some(true),
+                "{at}: readOnlyRootFilesystem: true"
+            );
+            let seccomp = sc
+                .seccomp_profile
+                .as_ref()
+                .or(psc.seccomp_profile.as_ref())
+                .map(|p| p.type_.as_str());
+            assert_eq!(seccomp, Some("RuntimeDefault"), "{at}: seccompProfile");
+            let caps = sc
+                .capabilities
+                .as_ref()
+                .unwrap_or_else(|| panic!("{at}: no capabilities"));
+            assert_eq!(
+                caps.drop.as_deref(),
+                Some(&["ALL".to_string()][..]),
+                "{at}: drop ALL"
+            );
+            let added: Vec<&str> = caps.add.iter().flatten().map(String::as_str).collect();
+            let uid = sc.run_as_user.or(psc.run_as_user);
+            let gid = sc.run_as_group.or(psc.run_as_group);
+            let non_root = sc.run_as_non_root.or(psc.run_as_non_root);
+            match ROOT_CONTAINERS
+                .iter()
+                .find(|(w, name, _)| *w == workload && *name == c.name)
+            {
+                Some((_, _, allowed)) => {
+                    assert_eq!(added, *allowed, "{at}: the capabilities it may add");
+                    assert_eq!(uid, Some(0), "{at}: says it runs as root");
+                    assert_eq!(gid, Some(0), "{at}: and as group root");
+                    assert_eq!(non_root, Some(false), "{at}");
+                }
+                None => {
+                    assert!(added.is_empty(), "{at}: adds capabilities {added:?}");
+                    assert_eq!(non_root, Some(true), "{at}: runAsNonRoot: true");
+                    assert!(
+                        uid.is_some_and(|u| u != 0),
+                        "{at}: an explicit non-root runAsUser"
+                    );
+                    assert!(
+                        gid.is_some_and(|g| g != 0),
+                        "{at}: an explicit non-root runAsGroup"
+                    );
+                }
+            }
+            checked += 1;
+        }
+    }
+    checked
+}
+
+#[test]
+fn every_container_runs_locked_down_and_only_the_agent_as_root() {
+    for (what, objs) in both() {
+        assert_eq!(
+            check_lockdown(what, &objs),
+            2,
+            "{what}: agent and controller"
+        );
+    }
+    // And with every chart option that changes the pods.
+    let mut v = chart_values();
+    v["agent"]["hostNetwork"] = true.into();
+    v["agent"]["ncclSegments"] = false.into();
+    v["controller"]["automountServiceAccountToken"] = false.into();
+    let objs = typed(
+        render(&v)
+            .iter()
+            .flat_map(|(n, t)| yaml_objects(t, n))
+            .collect(),
+    );
+    assert_eq!(check_lockdown("the chart with options", &objs), 2);
+}
+
 /// The container's environment as the kubelet would set it (downward API values from
 /// NODE_NAME / POD_IP above, `$(VAR)` expanded from earlier variables; Secret
 /// references left out).

@@ -102,9 +102,31 @@ fn units_are_hardened_and_their_example_configs_load() {
             ("PrivateTmp", "yes"),
             ("ProtectKernelModules", "yes"),
             ("SystemCallFilter", "@system-service"),
+            ("ProtectKernelTunables", "yes"),
+            ("ProtectControlGroups", "yes"),
+            ("ProtectClock", "yes"),
+            ("ProtectHostname", "yes"),
+            ("RestrictNamespaces", "yes"),
+            ("RestrictRealtime", "yes"),
+            ("RestrictSUIDSGID", "yes"),
+            ("LockPersonality", "yes"),
+            ("SystemCallArchitectures", "native"),
+            ("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),
         ] {
             assert_eq!(one(u, k), v, "{name}: {k}");
         }
+        // A transient user of its own, never root.
+        assert!(
+            !u["Service"].contains_key("User") && !u["Service"].contains_key("Group"),
+            "{name}: DynamicUser picks the user; User=/Group= would name one"
+        );
+        assert_ne!(one(u, "ProtectHome"), "no", "{name}: ProtectHome");
+        // The capabilities it holds are the ones it may ever hold.
+        assert_eq!(
+            one(u, "CapabilityBoundingSet"),
+            one(u, "AmbientCapabilities"),
+            "{name}: the bounding set is what it holds"
+        );
         assert!(!one(u, "ReadOnlyPaths").is_empty(), "{name}: ReadOnlyPaths");
         assert!(u["Install"].contains_key("WantedBy"), "{name}: installable");
     }
@@ -115,6 +137,15 @@ fn units_are_hardened_and_their_example_configs_load() {
         "",
         "the controller holds no capability"
     );
+    // What only the controller can give up: the agent reads the kernel log and opens
+    // the NVIDIA device nodes, and NVML's library is not checked for W^X mappings.
+    for k in [
+        "PrivateDevices",
+        "ProtectKernelLogs",
+        "MemoryDenyWriteExecute",
+    ] {
+        assert_eq!(one(&ctl, k), "yes", "controller: {k}");
+    }
     assert!(
         megabytes(one(&agent, "MemoryMax")) <= 128,
         "agent budget: 25 MB RSS"

@@ -55,6 +55,46 @@ impl AgentProc {
         agent
     }
 
+    /// Start the agent with `config` logging at `rust_log`, its stdout and stderr read
+    /// by a thread that returns everything once the agent is gone.
+    pub fn start_captured(
+        config: &Path,
+        port: u16,
+        rust_log: &str,
+    ) -> (AgentProc, std::thread::JoinHandle<String>) {
+        use std::io::Read;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_warden-agent"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the agent");
+        let mut out = child.stdout.take().expect("stdout");
+        let mut err = child.stderr.take().expect("stderr");
+        let reader = std::thread::spawn(move || {
+            let stdout = std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = out.read_to_string(&mut text);
+                text
+            });
+            let mut text = String::new();
+            let _ = err.read_to_string(&mut text);
+            text + &stdout.join().unwrap_or_default()
+        });
+        let agent = AgentProc { child, port };
+        let started = Instant::now();
+        while agent.scrape().is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "agent did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (agent, reader)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -1046,7 +1046,15 @@ impl Remediator {
         if action == ActionName::IsolateGroup
             && let Some(d) = &inc.diagnosis
         {
-            nodes.extend(d.nodes.iter().cloned());
+            // A diagnosis takes its culprits from log text, which a job's user (or a
+            // model reading it) controls: of the nodes it names, only those the job
+            // runs on may join the group.
+            let of_job = inc
+                .job
+                .as_deref()
+                .map(|j| self.engine.lock().job_nodes(j))
+                .unwrap_or_default();
+            nodes.extend(d.nodes.iter().filter(|n| of_job.contains(n)).cloned());
         }
         nodes.sort();
         nodes.dedup();

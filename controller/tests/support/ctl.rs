@@ -1,15 +1,16 @@
 //! A `warden-controller` process for tests that kill and restart it: its stderr lines
-//! on a channel (to wait for a failpoint), plain HTTP calls that may never be answered,
-//! and the batches and reads those tests need.
+//! on a channel (to wait for a failpoint) and everything it printed kept for reading,
+//! plain HTTP calls (with a bearer token or without) that may never be answered, and
+//! the batches and reads those tests need.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use warden_model::wire::{Batch, EventSeverity, Heartbeat, NodeEvent, NodeEventKind};
+use warden_model::wire::{Batch, EventSeverity, Heartbeat, JobSignals, NodeEvent, NodeEventKind};
 
 use super::{free_port, http_get};
 
@@ -19,6 +20,11 @@ pub struct Ctl {
     /// Its port.
     pub port: u16,
     stderr: mpsc::Receiver<String>,
+    /// Every line it wrote to stdout or stderr so far.
+    printed: Arc<Mutex<Vec<String>>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+    /// The bearer token [`Ctl::get`], [`Ctl::call`] and the ingest helpers send.
+    token: Option<String>,
 }
 
 impl Ctl {
@@ -40,7 +46,7 @@ impl Ctl {
             .args(store)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some(f) = failpoint {
             cmd.env("WARDEN_FAILPOINT", f);
@@ -48,13 +54,23 @@ impl Ctl {
         cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().expect("warden-controller starts");
         let err = child.stderr.take().expect("stderr");
+        let out = child.stdout.take().expect("stdout");
+        let printed = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
+        let kept = printed.clone();
+        let stderr_reader = std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 eprintln!("  controller: {line}");
-                if tx.send(line).is_err() {
-                    break;
-                }
+                kept.lock().expect("lock").push(line.clone());
+                // Nobody waiting for a line is no reason to stop keeping them.
+                let _ = tx.send(line);
+            }
+        });
+        let kept = printed.clone();
+        let stdout_reader = std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                eprintln!("  controller (stdout): {line}");
+                kept.lock().expect("lock").push(line);
             }
         });
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -72,13 +88,37 @@ impl Ctl {
             child,
             port,
             stderr: rx,
+            printed,
+            readers: vec![stderr_reader, stdout_reader],
+            token: None,
         }
+    }
+
+    /// Send `token` as a bearer token with every call from now on.
+    pub fn with_token(mut self, token: &str) -> Ctl {
+        self.token = Some(token.to_owned());
+        self
     }
 
     /// SIGKILL, and wait for it to be gone.
     pub fn kill(mut self) {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reaped");
+    }
+
+    /// Everything it printed so far, stdout and stderr, one line each.
+    pub fn printed(&self) -> String {
+        self.printed.lock().expect("lock").join("\n")
+    }
+
+    /// SIGKILL it and return everything it printed, to the last line.
+    pub fn kill_and_read(mut self) -> String {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reaped");
+        for r in std::mem::take(&mut self.readers) {
+            r.join().expect("reader thread");
+        }
+        self.printed()
     }
 
     /// Wait until stderr says the failpoint was reached.
@@ -96,18 +136,37 @@ impl Ctl {
 
     /// `GET path`, expecting 200 and JSON.
     pub fn get(&self, path: &str) -> Value {
-        let (status, body) = http_get(self.port, path).expect("answers");
+        let (status, body) = match &self.token {
+            None => http_get(self.port, path).expect("answers"),
+            Some(_) => self.call("GET", path, "application/json", b""),
+        };
         assert_eq!(status, 200, "GET {path}: {body}");
         serde_json::from_str(&body).expect("json")
     }
 
     /// Send a request and do not wait for the answer (it may never come).
     pub fn send(&self, method: &str, path: &str, ct: &str, body: &[u8]) -> TcpStream {
+        let auth = self
+            .token
+            .as_deref()
+            .map(|t| format!("Authorization: Bearer {t}\r\n"));
+        self.send_raw(method, path, ct, auth.as_deref().unwrap_or(""), body)
+    }
+
+    /// Send a request with `headers` (each line ending in CRLF) and no token of ours.
+    pub fn send_raw(
+        &self,
+        method: &str,
+        path: &str,
+        ct: &str,
+        headers: &str,
+        body: &[u8],
+    ) -> TcpStream {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
         write!(
             s,
             "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {ct}\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n",
+             {headers}Content-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         )
         .expect("write");
@@ -117,7 +176,16 @@ impl Ctl {
 
     /// Send a request and return (status, body).
     pub fn call(&self, method: &str, path: &str, ct: &str, body: &[u8]) -> (u16, String) {
-        let mut s = self.send(method, path, ct, body);
+        Ctl::answer(self.send(method, path, ct, body))
+    }
+
+    /// Send a request with `headers` (each ending in CRLF) and return (status, body).
+    pub fn call_raw(&self, method: &str, path: &str, headers: &str, body: &[u8]) -> (u16, String) {
+        Ctl::answer(self.send_raw(method, path, "application/json", headers, body))
+    }
+
+    /// Read the whole answer on `s`: (status, body).
+    fn answer(mut s: TcpStream) -> (u16, String) {
         s.set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
         let mut text = String::new();
@@ -142,6 +210,11 @@ impl Ctl {
     /// Post a batch from `node` with a fatal XID 79 on GPU 3.
     pub fn ingest_xid(&self, node: &str, seq: u64) {
         self.ingest(&xid_batch(node, seq));
+    }
+
+    /// Post a batch from `node` holding `events`, `jobs` and a heartbeat; expect 200.
+    pub fn ingest_jobs(&self, node: &str, seq: u64, events: Vec<NodeEvent>, jobs: Vec<JobSignals>) {
+        self.ingest(&batch_jobs(node, seq, events, jobs));
     }
 
     /// Post an encoded batch, expecting 200.
@@ -200,6 +273,11 @@ pub fn xid_batch(node: &str, seq: u64) -> Vec<u8> {
 
 /// An encoded batch from `node` holding `events` and a heartbeat.
 pub fn batch(node: &str, seq: u64, events: Vec<NodeEvent>) -> Vec<u8> {
+    batch_jobs(node, seq, events, vec![])
+}
+
+/// An encoded batch from `node` holding `events`, `jobs` and a heartbeat.
+pub fn batch_jobs(node: &str, seq: u64, events: Vec<NodeEvent>, jobs: Vec<JobSignals>) -> Vec<u8> {
     Batch {
         version: 0,
         node: node.into(),
@@ -207,7 +285,7 @@ pub fn batch(node: &str, seq: u64, events: Vec<NodeEvent>) -> Vec<u8> {
         boot_id: "boot-1".into(),
         seq,
         sent_at_ns: now_ns(),
-        jobs: vec![],
+        jobs,
         gpus: vec![],
         events,
         heartbeat: Some(Heartbeat::default()),
@@ -236,8 +314,16 @@ pub fn post_batch(port: u16, batch: &[u8], timeout: Duration) -> Option<u16> {
     text.split(' ').nth(1)?.parse().ok()
 }
 
+impl Drop for Ctl {
+    fn drop(&mut self) {
+        // A failed test must not leave its controller running.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Nanoseconds since the epoch, now.
-fn now_ns() -> i64 {
+pub fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")

@@ -229,6 +229,8 @@ struct Inner {
     cache: Mutex<Cache>,
     /// The response mode that last worked (see [`ResponseMode`]).
     mode: AtomicU8,
+    /// The API key the transport sends, to cut out of error bodies that echo it.
+    key: Option<ApiKey>,
 }
 
 /// The LLM client. Cheap to clone; clones share limits, budget and cache.
@@ -265,16 +267,24 @@ impl LlmDiagnoser {
         let key = config.load_api_key()?;
         let transport = HyperTransport::new(
             &config.base_url,
-            key,
+            key.clone(),
             Duration::from_millis(config.timeout_ms),
         )?;
-        Ok(Self::with_transport(config, Arc::new(transport))?)
+        Ok(Self::build(config, Arc::new(transport), key)?)
     }
 
     /// A client over another transport (the key, if any, is the transport's business).
     pub fn with_transport(
         config: LlmConfig,
         transport: Arc<dyn ChatTransport>,
+    ) -> Result<Self, ConfigErrors> {
+        Self::build(config, transport, None)
+    }
+
+    fn build(
+        config: LlmConfig,
+        transport: Arc<dyn ChatTransport>,
+        key: Option<ApiKey>,
     ) -> Result<Self, ConfigErrors> {
         config.validate()?;
         let redactor = Redactor::new(RedactOptions {
@@ -299,6 +309,7 @@ impl LlmDiagnoser {
                 budget: Mutex::new(budget),
                 cache: Mutex::new(cache),
                 mode: AtomicU8::new(0),
+                key,
                 config,
             }),
         })
@@ -445,7 +456,7 @@ impl LlmDiagnoser {
                 }
                 Ok(Ok(resp)) => {
                     lock(&inner.budget).settle(needed, 0);
-                    let text = error_text(&resp.body, &inner.redactor);
+                    let text = error_text(&resp.body, &inner.redactor, inner.key.as_ref());
                     if matches!(resp.status, 400 | 422)
                         && let Some(next) = mode.fallback()
                     {
@@ -496,9 +507,19 @@ fn backoff(base_ms: u64, attempt: u32, key: u64, retry_after_secs: Option<u64>) 
     ours.max(theirs).min(MAX_BACKOFF)
 }
 
-/// The start of an error body, redacted (servers echo prompts and keys back).
-fn error_text(body: &[u8], redactor: &Redactor) -> String {
-    let text = String::from_utf8_lossy(body);
+/// Shortest API key cut out of error bodies by value (a shorter one would cut words).
+const MIN_ECHOED_KEY: usize = 8;
+
+/// The start of an error body, redacted (servers echo prompts and keys back): our own
+/// API key is cut out by value first, whatever its shape, then secrets by shape.
+fn error_text(body: &[u8], redactor: &Redactor, key: Option<&ApiKey>) -> String {
+    let mut text = String::from_utf8_lossy(body).into_owned();
+    if let Some(k) = key
+        .map(ApiKey::expose)
+        .filter(|k| k.len() >= MIN_ECHOED_KEY)
+    {
+        text = text.replace(k, "[REDACTED:api-key]");
+    }
     let short: String = text.chars().take(MAX_ERROR_TEXT).collect();
     redactor.redact_secrets(&short)
 }

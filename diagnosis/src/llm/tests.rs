@@ -330,3 +330,24 @@ async fn budget_window_rolls_over() {
     tokio::time::advance(Duration::from_secs(61)).await;
     b.reserve(20).expect("a new window");
 }
+
+#[test]
+fn an_error_body_that_echoes_our_key_loses_it_whatever_its_shape() {
+    let key = ApiKey::new("lkq_Zp8TnW4vXy6Rb2Mc9Hd3Jf");
+    // Past the 200 characters kept, too: the key is cut before the text is.
+    let body = format!(
+        "{{\"error\": \"Incorrect API key provided: {}\"}}{}",
+        key.expose(),
+        " ".repeat(300)
+    );
+    let text = error_text(body.as_bytes(), &Redactor::default(), Some(&key));
+    assert!(!text.contains("lkq_Zp8TnW4v"), "{text}");
+    assert!(
+        text.contains("Incorrect API key provided: [REDACTED:api-key]"),
+        "{text}"
+    );
+    // Without the key the shape alone does not give it away: this is what the
+    // by-value cut is for.
+    let text = error_text(body.as_bytes(), &Redactor::default(), None);
+    assert!(text.contains(key.expose()), "{text}");
+}
