@@ -1157,6 +1157,9 @@ async fn readyz(State(s): State<ApiState>) -> Result<&'static str, ApiError> {
     }
 }
 
+/// How long a scrape waits for the store's list of drained nodes.
+const DRAINED_READ: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Prometheus metrics (docs/METRICS.md), text exposition format 0.0.4.
 #[utoipa::path(
     get,
@@ -1170,12 +1173,17 @@ async fn readyz(State(s): State<ApiState>) -> Result<&'static str, ApiError> {
 async fn render_metrics(State(s): State<ApiState>) -> Result<Response, ApiError> {
     let now = s.clock.now();
     s.metrics.update(&s.engine.lock(), now);
-    // The node table is the store's; on a store error the last set stays.
-    match s.operator.store.nodes().await {
-        Ok(nodes) => s
+    // The node table is the store's. A scrape never waits on a database that is down:
+    // on an error or past DRAINED_READ the last set stays.
+    match tokio::time::timeout(DRAINED_READ, s.operator.store.nodes()).await {
+        Ok(Ok(nodes)) => s
             .metrics
             .set_drained(nodes.iter().map(|n| (n.name.as_str(), n.owner.as_str()))),
-        Err(e) => tracing::warn!(error = %e, "cannot read drained nodes for the metrics"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "cannot read drained nodes for the metrics"),
+        Err(_) => tracing::warn!(
+            "the store did not list drained nodes within {} ms; the metrics show the last list",
+            DRAINED_READ.as_millis()
+        ),
     }
     s.metrics
         .leader
