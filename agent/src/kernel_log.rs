@@ -250,12 +250,13 @@ fn count_xid(seen: &mut Vec<(u32, Option<u32>, u64)>, dedup: &Deduper, ev: &Kern
 
 /// Wall time of a `/dev/kmsg` record (`pri,seq,usec,flags;msg`), ns: boot time plus the
 /// record's microseconds since boot, never later than `now_ns` (the time of the read
-/// when the header has no time).
+/// when the header has no time, or one too large for an `i64` of nanoseconds).
 #[doc(hidden)]
 pub fn record_at_ns(rec: &str, boot_wall_ns: i64, now_ns: i64) -> i64 {
     record_usec(rec)
-        .map_or(now_ns, |us| boot_wall_ns + us as i64 * 1000)
-        .min(now_ns)
+        .and_then(|us| i64::try_from(us).ok()?.checked_mul(1000))
+        .and_then(|ns| ns.checked_add(boot_wall_ns))
+        .map_or(now_ns, |at| at.min(now_ns))
 }
 
 /// Microseconds since boot of a `/dev/kmsg` record (`pri,seq,usec,flags;msg`).
