@@ -351,6 +351,10 @@ fn kernel_lines(s: &Seeds, excerpts: &[String]) {
             &chunk.join("\n"),
         );
     }
+    for name in ["kernel-fl-0004.log", "kernel-fl-0065.log"] {
+        let text = read(&format!("agent/tests/data/{name}"));
+        text_with_knob(s, "kmsg", &[0x41], &format!("data-{name}"), &text);
+    }
 }
 
 fn cri(s: &Seeds, excerpts: &[String]) {
