@@ -173,9 +173,11 @@ impl KernelLog {
                             let text = String::from_utf8_lossy(&rec[..n]);
                             // Continuation lines (` KEY=value`) follow the message.
                             let first = text.split('\n').next().unwrap_or_default();
-                            let at = record_usec(first)
-                                .map_or(now_ns, |us| *boot_wall_ns + us as i64 * 1000);
-                            handle(first, at.min(now_ns), &mut stats);
+                            handle(
+                                first,
+                                record_at_ns(first, *boot_wall_ns, now_ns),
+                                &mut stats,
+                            );
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         // The ring overwrote records before we read them; the next read
@@ -244,6 +246,17 @@ fn count_xid(seen: &mut Vec<(u32, Option<u32>, u64)>, dedup: &Deduper, ev: &Kern
         // Codes and GPUs are few; the bound keeps a corrupt log from growing it.
         seen.push((code, gpu, 1));
     }
+}
+
+/// Wall time of a `/dev/kmsg` record (`pri,seq,usec,flags;msg`), ns: boot time plus the
+/// record's microseconds since boot, never later than `now_ns` (the time of the read
+/// when the header has no time, or one too large for an `i64` of nanoseconds).
+#[doc(hidden)]
+pub fn record_at_ns(rec: &str, boot_wall_ns: i64, now_ns: i64) -> i64 {
+    record_usec(rec)
+        .and_then(|us| i64::try_from(us).ok()?.checked_mul(1000))
+        .and_then(|ns| ns.checked_add(boot_wall_ns))
+        .map_or(now_ns, |at| at.min(now_ns))
 }
 
 /// Microseconds since boot of a `/dev/kmsg` record (`pri,seq,usec,flags;msg`).

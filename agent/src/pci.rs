@@ -2,10 +2,12 @@
 //! that `0000:3b:00`, `PCI:0000:3B:00.0` and `00000000:3b:00.0` name the same device.
 
 /// The canonical form of a PCI address: `dddd:bb:dd` in lower-case hex (domain, bus,
-/// device; the function is dropped, as GPUs are function 0 and NVRM omits it).
+/// device; the function is dropped, as GPUs are function 0 and NVRM omits it). Domains
+/// above `ffff` (Intel VMD puts devices in `10000` and up) keep their extra digits, as
+/// the kernel prints them; the canonical form of a canonical form is itself.
 ///
-/// Accepts an optional `PCI:` prefix, a 4- or 8-digit domain (or none, meaning 0), and
-/// an optional `.function`. Returns `None` for anything else.
+/// Accepts an optional `PCI:` prefix, a domain of 4 to 8 digits (or none, meaning 0),
+/// and an optional `.function`. Returns `None` for anything else.
 pub fn normalize(raw: &str) -> Option<String> {
     let s = raw.strip_prefix("PCI:").unwrap_or(raw);
     let (s, has_func) = match s.rsplit_once('.') {
@@ -15,7 +17,7 @@ pub fn normalize(raw: &str) -> Option<String> {
     };
     let mut parts = s.split(':');
     let (domain, bus, dev) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
-        (Some(d), Some(b), Some(v), None) if d.len() == 4 || d.len() == 8 => (d, b, v),
+        (Some(d), Some(b), Some(v), None) if (4..=8).contains(&d.len()) => (d, b, v),
         // Without a domain only with a function (`3b:00.0`), so times like 04:52 are not
         // taken for addresses.
         (Some(b), Some(v), None, None) if has_func => ("0", b, v),
@@ -61,6 +63,24 @@ mod tests {
     }
 
     #[test]
+    fn a_normalised_address_normalises_to_itself() {
+        // Domains past 16 bits (Intel VMD) as NVML and the kernel print them.
+        for (raw, canonical) in [
+            ("00010000:3b:00.0", "10000:3b:00"),
+            ("PCI:00040000:3b:00", "40000:3b:00"),
+            ("10000:3b:00.0", "10000:3b:00"),
+            ("0000:3b:00", "0000:3b:00"),
+        ] {
+            assert_eq!(normalize(raw).as_deref(), Some(canonical), "{raw}");
+            assert_eq!(
+                normalize(canonical).as_deref(),
+                Some(canonical),
+                "{canonical}"
+            );
+        }
+    }
+
+    #[test]
     fn non_addresses_are_refused() {
         for raw in [
             "",
@@ -69,6 +89,7 @@ mod tests {
             "0000:3b:00:01",
             "0000:3b:00.zz",
             "0000:123:00",
+            "123456789:3b:00",
             ":::",
             "12:34:56",
             "3b:00",

@@ -5,7 +5,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use warden_agent::dedup::Deduper;
-use warden_agent::kernel_log::KernelLog;
+use warden_agent::kernel_log::{KernelLog, record_at_ns};
 use warden_model::wire::{EventSeverity, NodeEvent, NodeEventKind};
 
 fn data(name: &str) -> PathBuf {
@@ -225,4 +225,21 @@ fn overlong_and_binary_lines_do_not_break_the_reader() {
     assert_eq!(log.lines_total, 3);
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].code, Some(79));
+}
+
+#[test]
+fn a_kmsg_record_is_never_later_than_its_read() {
+    let boot = 1_700_000_000_000_000_000;
+    let now = boot + 3_600_000_000_000;
+    for (rec, want) in [
+        ("6,1,1000000,-;NVRM: Xid", boot + 1_000_000_000),
+        ("6,2,7200000000,-;later than the read", now),
+        // Microseconds past what i64 nanoseconds hold: the read time, no overflow.
+        ("6,3,18446744073709551615,-;NVRM: Xid", now),
+        ("6,4,9223372036854775807,-;x", now),
+        ("6,5,9223372036854775,-;x", now),
+        ("no header at all", now),
+    ] {
+        assert_eq!(record_at_ns(rec, boot, now), want, "{rec}");
+    }
 }

@@ -9,7 +9,7 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::config::{CustomPattern, ThroughputUnitName};
-use super::numfield::LiteralNumber;
+use super::numfield::{LiteralNumber, Scan};
 
 /// The presets shipped with the agent.
 const BUILTIN: &str = include_str!("../../../rules/log-presets.yaml");
@@ -327,6 +327,36 @@ impl PresetCatalog {
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.presets.is_empty()
+    }
+
+    /// Every field whose fast reader ([`LiteralNumber`]) answers differently from its
+    /// regex on `text`, described; the fast path must give the regex's answer, and may
+    /// only be unsure on non-ASCII text. For the fuzz target and tests.
+    #[doc(hidden)]
+    pub fn fast_path_disagreements(&self, text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for p in &self.presets {
+            for ((field, re), fast) in p.fields.iter().zip(&p.fast_fields) {
+                let Some(fast) = fast else { continue };
+                let by_regex = re
+                    .captures(text)
+                    .and_then(|c| c.name("v"))
+                    .map(|m| (m.start(), m.end()));
+                let by_fast = fast.find(text);
+                let agree = match by_fast {
+                    Scan::Found(a, b) => by_regex == Some((a, b)),
+                    Scan::Absent => by_regex.is_none(),
+                    Scan::Unsure => !text.is_ascii(),
+                };
+                if !agree {
+                    out.push(format!(
+                        "{} {field:?}: fast path {by_fast:?}, regex {by_regex:?}",
+                        p.name
+                    ));
+                }
+            }
+        }
+        out
     }
 }
 
