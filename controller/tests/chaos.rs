@@ -15,7 +15,6 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,18 +70,11 @@ fn node(i: usize) -> String {
 /// A script actuator that takes a while (as a real one does, so kills land inside
 /// it) and then appends `ACTION NODE INCIDENT` to `log`.
 fn recorder(dir: &Path) -> (PathBuf, PathBuf) {
-    let log = dir.join("actuator.log");
-    let script = dir.join("actuator.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nsleep 0.1\necho \"$WARDEN_ACTION $WARDEN_NODE $WARDEN_INCIDENT\" >> {}\n",
-            log.display()
-        ),
+    support::recording_actuator(
+        dir,
+        "sleep 0.1\n",
+        "$WARDEN_ACTION $WARDEN_NODE $WARDEN_INCIDENT",
     )
-    .expect("write script");
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    (script, log)
 }
 
 /// Remediation on, acting through `script`, with rails wide enough for 100 isolations.

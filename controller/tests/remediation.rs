@@ -9,7 +9,6 @@
 mod support;
 
 use std::ffi::OsStr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use support::ctl::{Ctl, count, wait_until};
@@ -18,18 +17,11 @@ const NODES: usize = 10;
 
 /// A script actuator that appends each request to `log` and succeeds.
 fn recorder(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let log = dir.join("actuator.log");
-    let script = dir.join("actuator.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\necho \"$WARDEN_ACTION $WARDEN_NODE $WARDEN_EVICT $WARDEN_INCIDENT\" >> {}\n",
-            log.display()
-        ),
+    support::recording_actuator(
+        dir,
+        "",
+        "$WARDEN_ACTION $WARDEN_NODE $WARDEN_EVICT $WARDEN_INCIDENT",
     )
-    .expect("write script");
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    (script, log)
 }
 
 fn start(dir: &Path, config: &Path) -> Ctl {

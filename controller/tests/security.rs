@@ -14,7 +14,6 @@
 mod support;
 
 use std::ffi::OsStr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -239,18 +238,7 @@ fn sha256_hex(s: &str) -> String {
 
 /// A script actuator that appends each request to `actuator.log` and succeeds.
 fn recorder(dir: &Path) -> (PathBuf, PathBuf) {
-    let log = dir.join("actuator.log");
-    let script = dir.join("actuator.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\necho \"$WARDEN_ACTION $WARDEN_NODE $WARDEN_INCIDENT\" >> {}\n",
-            log.display()
-        ),
-    )
-    .expect("write script");
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    (script, log)
+    support::recording_actuator(dir, "", "$WARDEN_ACTION $WARDEN_NODE $WARDEN_INCIDENT")
 }
 
 /// A controller with a token file, the agents' token, the LLM at `servers` and

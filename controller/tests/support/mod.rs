@@ -8,6 +8,8 @@ pub mod slurm;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -114,4 +116,23 @@ impl Drop for Controller {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A script actuator (docs/REMEDIATION.md, "Script actuator") in `dir` that runs
+/// `before` (shell lines, may be empty), appends `fields` (shell words such as
+/// `$WARDEN_ACTION $WARDEN_NODE`) as one line per request to `actuator.log`, and
+/// succeeds. Returns the script and the log.
+pub fn recording_actuator(dir: &Path, before: &str, fields: &str) -> (PathBuf, PathBuf) {
+    let log = dir.join("actuator.log");
+    let script = dir.join("actuator.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n{before}echo \"{fields}\" >> {}\n",
+            log.display()
+        ),
+    )
+    .expect("write script");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    (script, log)
 }
