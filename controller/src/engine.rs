@@ -217,6 +217,14 @@ impl Engine {
         self.cluster.jobs.get(job).and_then(|j| j.lifecycle.clone())
     }
 
+    /// Remediation is about to restart job `job` (at `at`, controller clock): the
+    /// exits of its ranks from now until it starts again are the restart, not a crash.
+    pub fn restart_requested(&mut self, job: &str, at: Timestamp) {
+        if let Some(j) = self.cluster.jobs.get_mut(job) {
+            j.restart_requested_at = Some(at);
+        }
+    }
+
     /// The nodes job `job` runs on: those its ranks were reported from and those its
     /// scheduler allocated. Empty for an unknown job.
     pub fn job_nodes(&self, job: &str) -> Vec<String> {

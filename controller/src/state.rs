@@ -418,6 +418,10 @@ pub struct JobState {
     pub last_heard: Timestamp,
     /// What its scheduler said about its start and end, if anything.
     pub lifecycle: Option<JobLifecycle>,
+    /// When remediation asked for this run to be restarted (controller clock): the
+    /// exits that follow are the restart tearing the run down, not a crash. Cleared
+    /// when the next run starts.
+    pub restart_requested_at: Option<Timestamp>,
 }
 
 impl JobState {
@@ -425,6 +429,16 @@ impl JobState {
     /// reported).
     pub fn ended_at(&self) -> Option<Timestamp> {
         self.lifecycle.as_ref().and_then(|l| l.ended_at)
+    }
+
+    /// The scheduler started the job again (a requeue): what the last run's processes
+    /// did (progress, collectives, exits, a stopped process) is no evidence about the
+    /// new one, whose ranks and communicators start over.
+    fn new_run(&mut self) {
+        self.ranks.clear();
+        self.comms.clear();
+        self.comm_index.clear();
+        self.restart_requested_at = None;
     }
 
     fn rank_mut(&mut self, rank: u32) -> &mut RankState {
@@ -811,7 +825,14 @@ impl Cluster {
             js.world_size = report.ranks.unwrap_or(0);
         }
         match &mut js.lifecycle {
-            Some(l) => l.apply(report, now),
+            Some(l) => {
+                let restarts = l.restarts;
+                let applied = l.apply(report, now);
+                if l.restarts > restarts {
+                    js.new_run();
+                }
+                applied
+            }
             None => {
                 js.lifecycle = Some(JobLifecycle::new(report, now));
                 Applied::Changed

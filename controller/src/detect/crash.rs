@@ -1,7 +1,8 @@
 //! Crash: a rank's process exited abnormally. When one rank dies its peers fail within
 //! a fraction of a second ("connection closed by peer"), so the culprit is the first
 //! exit that does not blame a peer, by skew-corrected time, once a short grace period
-//! has let the other exits arrive.
+//! has let the other exits arrive. Exits that arrive after remediation asked for the
+//! job's restart are that restart, not a crash.
 
 use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
 
@@ -38,6 +39,8 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             r.exit
                 .as_ref()
                 .filter(|e| e.abnormal())
+                // The run Warden asked to restart being torn down.
+                .filter(|e| job.restart_requested_at.is_none_or(|t| e.received_at < t))
                 .map(|e| (i as u32, e))
         })
         .collect();

@@ -752,3 +752,53 @@ fn after_the_end_a_crash_from_before_still_counts_and_teardown_does_not() {
         (IncidentKind::Crash, &[1][..])
     );
 }
+
+#[test]
+fn the_run_remediation_restarts_is_no_crash_and_the_next_run_starts_clean() {
+    // Rank 3 holds the others at seq 10; remediation asks Slurm to requeue the job,
+    // which kills every rank.
+    let mut j = silent_after_seq_9();
+    j.heartbeats(12.0);
+    j.heartbeats(30.0);
+    assert!(
+        all_findings(&j, 30.0)
+            .iter()
+            .any(|f| f.kind == IncidentKind::Hang && f.ranks == [3])
+    );
+    j.cluster
+        .jobs
+        .get_mut("j")
+        .expect("job")
+        .restart_requested_at = Some(at(30.5));
+    for r in 0..4 {
+        j.exit(r, 31.0 + f64::from(r) * 0.01, None, Some(15), None);
+    }
+    j.heartbeats(33.0);
+    check(&j, IncidentKind::Crash, 33.0, None);
+
+    // Slurm ends the run and starts the job again: the last run's stall, exits and
+    // communicators are gone, so the new run is judged on its own.
+    j.lifecycle(true, 33.5);
+    j.lifecycle(false, 40.0);
+    let job = &j.cluster.jobs["j"];
+    assert!(job.ranks.is_empty() && job.comms.is_empty(), "{job:?}");
+    assert_eq!(job.restart_requested_at, None);
+    assert!(all_findings(&j, 41.0).is_empty());
+
+    // A crash of the new run is a crash again.
+    let mut j = silent_after_seq_9();
+    j.cluster
+        .jobs
+        .get_mut("j")
+        .expect("job")
+        .restart_requested_at = Some(at(30.5));
+    j.exit(
+        1,
+        29.0,
+        Some(1),
+        None,
+        Some("Traceback (most recent call last):"),
+    );
+    j.heartbeats(31.5);
+    check(&j, IncidentKind::Crash, 31.5, Some(&[1]));
+}

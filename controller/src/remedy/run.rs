@@ -1344,6 +1344,8 @@ impl Remediator {
                 exclude.join(", ")
             )
         } else {
+            // Before the scheduler kills the run: its ranks' exits are not a crash.
+            self.engine.lock().restart_requested(&job, self.clock.now());
             let r = self.actuator.restart(&req).await;
             let issued = self.clock.now();
             if let Some(m) = &self.metrics {
