@@ -515,11 +515,18 @@ mod tests {
     fn diagnosis_section_is_read_and_checked_as_a_whole() {
         let path = write(
             "diagnosis.yaml",
-            "diagnosis:\n  agent_url: http://{node}.agents:9461\n  peer_nodes: 3\n  llm:\n    base_url: http://127.0.0.1:8000/v1\n    model: qwen\n",
+            "diagnosis:\n  agent_url: http://{node}.agents:9461\n  agent_urls:\n    gpu-node02: http://127.0.0.1:9471\n  peer_nodes: 3\n  llm:\n    base_url: http://127.0.0.1:8000/v1\n    model: qwen\n",
         );
         let cfg = ControllerConfig::load(Some(&path), no_env, &Overrides::default()).expect("ok");
         assert_eq!(cfg.diagnosis.agent_url, "http://{node}.agents:9461");
         assert_eq!(cfg.diagnosis.peer_nodes, 3);
+        assert_eq!(
+            cfg.diagnosis
+                .agent_urls
+                .get("gpu-node02")
+                .map(String::as_str),
+            Some("http://127.0.0.1:9471")
+        );
         assert_eq!(cfg.diagnosis.before_secs, 300.0, "defaults kept");
         assert_eq!(
             cfg.diagnosis.llm.as_ref().map(|l| l.model.as_str()),
@@ -528,20 +535,21 @@ mod tests {
 
         let path = write(
             "bad-diagnosis.yaml",
-            "diagnosis:\n  agent_url: ftp://x\n  before_secs: -1\n  max_in_flight: 0\n",
+            "diagnosis:\n  agent_url: ftp://x\n  agent_urls: {n1: ftp://y}\n  before_secs: -1\n  max_in_flight: 0\n",
         );
         let errs = ControllerConfig::load(Some(&path), no_env, &Overrides::default())
             .expect_err("must fail");
         let msg = errs.to_string();
         for field in [
             "diagnosis.agent_url",
+            "diagnosis.agent_urls.n1",
             "diagnosis.before_secs",
             "diagnosis.max_in_flight",
         ] {
             assert!(msg.contains(field), "{field} not named: {msg}");
         }
         let errs = ConfigFile::from_yaml("diagnosis:\n  agent_urls: x\n", "c.yaml")
-            .expect_err("unknown field");
+            .expect_err("not a map");
         assert!(errs.to_string().contains("agent_urls"), "{errs}");
     }
 

@@ -8,6 +8,7 @@
 //! own task, and the engine is locked only to read the request and to attach the answer.
 //! A diagnosis is a recommendation: nothing here acts on a node or a job.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -26,6 +27,7 @@ use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser};
 use warden_diagnosis::redact::{Pseudonyms, Redactor};
 use warden_diagnosis::rules::RuleSet;
 use warden_diagnosis::{Diagnosis, LogLine, PipelineOptions};
+use warden_model::wire::MAX_NAME_LEN;
 use warden_model::{DiagnosisEvidence, IncidentDiagnosis, NodeName, Timestamp};
 
 use crate::clock::Clock;
@@ -40,6 +42,9 @@ pub struct DiagnosisConfig {
     pub enabled: bool,
     /// Base URL of a node's agent; `{node}` stands for the node name.
     pub agent_url: String,
+    /// Base URLs of agents the template cannot give (several agents on one host, a
+    /// node whose name does not resolve), by node name; they win over `agent_url`.
+    pub agent_urls: BTreeMap<String, String>,
     /// File holding the bearer token the agents' log API requires, if any.
     pub agent_token_file: Option<PathBuf>,
     /// Seconds of log before the onset to pull.
@@ -67,6 +72,7 @@ impl Default for DiagnosisConfig {
         DiagnosisConfig {
             enabled: true,
             agent_url: "http://{node}:9461".to_owned(),
+            agent_urls: BTreeMap::new(),
             agent_token_file: None,
             before_secs: 300.0,
             after_secs: 30.0,
@@ -92,6 +98,20 @@ impl DiagnosisConfig {
                 "agent_url",
                 format!("{:?} must start with http://", self.agent_url),
             );
+        }
+        for (node, url) in &self.agent_urls {
+            if node.is_empty() || node.len() > MAX_NAME_LEN {
+                bad(
+                    "agent_urls",
+                    format!("{node:?}: a node name of 1 to {MAX_NAME_LEN} bytes"),
+                );
+            }
+            if !url.starts_with("http://") {
+                bad(
+                    &format!("agent_urls.{node}"),
+                    format!("{url:?} must start with http://"),
+                );
+            }
         }
         for (field, v) in [
             ("before_secs", self.before_secs),
@@ -206,6 +226,7 @@ const MAX_ANSWER_BYTES: usize = 64 << 20;
 pub struct HttpLogSource {
     client: Client<HttpConnector, Empty<Bytes>>,
     url_template: String,
+    urls: Arc<BTreeMap<String, String>>,
     token: Option<Arc<str>>,
     timeout: Duration,
 }
@@ -215,6 +236,7 @@ impl std::fmt::Debug for HttpLogSource {
         // The agents' token is never printed, not even by a debug dump.
         f.debug_struct("HttpLogSource")
             .field("url_template", &self.url_template)
+            .field("urls", &self.urls)
             .field("token", &self.token.as_ref().map(|_| "***"))
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
@@ -228,15 +250,34 @@ impl HttpLogSource {
         HttpLogSource {
             client: Client::builder(TokioExecutor::new()).build_http(),
             url_template: url_template.trim_end_matches('/').to_owned(),
+            urls: Arc::default(),
             token: token.map(Arc::from),
             timeout,
+        }
+    }
+
+    /// Use these base URLs for these nodes instead of the template.
+    pub fn with_agent_urls(mut self, urls: &BTreeMap<String, String>) -> Self {
+        let trimmed = urls
+            .iter()
+            .map(|(n, u)| (n.clone(), u.trim_end_matches('/').to_owned()))
+            .collect();
+        self.urls = Arc::new(trimmed);
+        self
+    }
+
+    /// The agent's base URL for `node`.
+    fn base(&self, node: &str) -> String {
+        match self.urls.get(node) {
+            Some(url) => url.clone(),
+            None => self.url_template.replace("{node}", node),
         }
     }
 
     fn url(&self, node: &str, req: &WindowRequest) -> String {
         let mut url = format!(
             "{}/api/v1/logs?around={}&before_secs={}&after_secs={}&limit={}",
-            self.url_template.replace("{node}", node),
+            self.base(node),
             req.around_ns,
             req.before_secs,
             req.after_secs,

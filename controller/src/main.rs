@@ -462,11 +462,14 @@ fn start_diagnosis(
         ),
         None => None,
     };
-    let source = Arc::new(HttpLogSource::new(
-        &d.agent_url,
-        token,
-        Duration::from_millis(d.fetch_timeout_ms),
-    ));
+    let source = Arc::new(
+        HttpLogSource::new(
+            &d.agent_url,
+            token,
+            Duration::from_millis(d.fetch_timeout_ms),
+        )
+        .with_agent_urls(&d.agent_urls),
+    );
     let llm = match &d.llm {
         Some(cfg) => Some(LlmDiagnoser::new(cfg.clone()).context("setting up the LLM client")?),
         None => None,
