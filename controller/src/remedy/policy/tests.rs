@@ -140,6 +140,52 @@ fn a_user_code_error_only_notifies() {
 }
 
 #[test]
+fn a_silent_hang_on_one_rank_isolates_unless_the_logs_blame_the_program() {
+    let p = Policy::shipped().expect("policy");
+    let mut hang = incident(
+        IncidentKind::Hang,
+        "rank 3 is stopped inside allreduce seq 90; the other 5 members wait in it",
+    );
+    hang.confidence = 0.95;
+    // The logs are read first: a hang in the program's own code only notifies.
+    match p.decide(&hang, &NoHistory, now(), false) {
+        Decision::Wait(r) => assert_eq!(r.name, "hang-hardware"),
+        other => panic!("{other:?}"),
+    }
+    let blamed = diagnosed(hang.clone(), "dataloader_error", "user-code");
+    assert_eq!(decided(&p, &blamed).expect("a rule").name, "user-code");
+    // Logs with nothing to say (or none in time): the culprit's node goes.
+    let mut silent = hang.clone();
+    silent.diagnosis = Some(IncidentDiagnosis {
+        source: "rules".into(),
+        ..IncidentDiagnosis::default()
+    });
+    for (inc, waited_out) in [(&silent, false), (&hang, true)] {
+        match p.decide(inc, &NoHistory, now(), waited_out) {
+            Decision::Act(r) => {
+                assert_eq!(r.name, "hang-silent-culprit");
+                assert_eq!(
+                    r.then,
+                    vec![
+                        ActionName::Notify,
+                        ActionName::Drain,
+                        ActionName::RestartJob
+                    ]
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // An unsure culprit is not enough.
+    let mut unsure = silent.clone();
+    unsure.confidence = 0.5;
+    assert_eq!(
+        decided(&p, &unsure).expect("a rule").name,
+        "everything-else"
+    );
+}
+
+#[test]
 fn a_rule_on_the_diagnosis_waits_for_it() {
     let p = Policy::shipped().expect("policy");
     let hang = incident(IncidentKind::Hang, "rank 3 never entered allreduce");
