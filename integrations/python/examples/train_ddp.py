@@ -9,7 +9,12 @@ Faults (``--fault``) hit rank ``--fault-rank`` at step ``--fault-step``:
 ``nan`` multiplies that rank's loss by NaN before backward; ``slow`` makes that rank's
 compute take ``--slow-factor`` times as long from that step on; ``raise`` raises an
 exception in user code. SIGSTOP and SIGKILL come from outside (the rank writes its pid
-to ``--pid-dir``).
+to ``--pid-dir``, and under Slurm its node's name beside it).
+
+With ``--checkpoint-dir`` rank 0 saves a checkpoint every ``--checkpoint-every`` steps in
+Megatron-LM's layout (``iter_0000040/mp_rank_00/model_optim_rng.pt``, then the tracker
+``latest_checkpointed_iteration.txt``, each written whole and renamed into place), and
+every rank resumes from the checkpoint the tracker names when it starts.
 """
 
 import argparse
@@ -36,6 +41,8 @@ def main():
     p.add_argument("--pid-dir", default=None, help="write rank<N>.pid and steps.log here")
     p.add_argument("--pg-timeout-s", type=float, default=120.0)
     p.add_argument("--no-warden", action="store_true", help="train without reporting (overhead baseline)")
+    p.add_argument("--checkpoint-dir", default=None, help="save and resume here (Megatron-LM layout)")
+    p.add_argument("--checkpoint-every", type=int, default=20)
     args = p.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout_s))
@@ -46,18 +53,26 @@ def main():
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    gen = torch.Generator().manual_seed(1000 + rank)
+    first = 1
+    if args.checkpoint_dir:
+        resumed = load_checkpoint(args.checkpoint_dir, model, opt)
+        if resumed is not None:
+            first = resumed + 1
+            if rank == 0:
+                print("resumed from checkpoint step %d" % resumed, flush=True)
+    gen = torch.Generator().manual_seed(1000 + rank + 100003 * first)
     compute = args.compute_ms / 1000.0
 
     if args.pid_dir:
-        tmp = os.path.join(args.pid_dir, "rank%d.pid.tmp" % rank)
-        with open(tmp, "w") as f:
-            f.write(str(os.getpid()))
-        os.replace(tmp, os.path.join(args.pid_dir, "rank%d.pid" % rank))
+        write_whole(os.path.join(args.pid_dir, "rank%d.pid" % rank), str(os.getpid()))
+        node = os.environ.get("SLURMD_NODENAME")
+        if node:
+            write_whole(os.path.join(args.pid_dir, "rank%d.node" % rank), node)
     # Rank 0 logs "step wall_ns" as each step ends, for whoever watches the run.
     steps_log = open(os.path.join(args.pid_dir, "steps.log"), "a") if args.pid_dir and rank == 0 else None
     started = time.perf_counter()
-    for step in range(1, args.steps + 1):
+    loss = None
+    for step in range(first, args.steps + 1):
         x = torch.randn(16, 32, generator=gen)
         y = x.sum(dim=1, keepdim=True)
         if args.fault == "slow" and rank == args.fault_rank and step == args.fault_step:
@@ -73,15 +88,51 @@ def main():
         grad_norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1e9)
         opt.step()
         warden_torch.step(step, loss=loss, grad_norm=grad_norm)
+        if args.checkpoint_dir and rank == 0 and step % args.checkpoint_every == 0:
+            save_checkpoint(args.checkpoint_dir, step, model, opt)
         if steps_log is not None:
             steps_log.write("%d %d\n" % (step, time.time_ns()))
             steps_log.flush()
     elapsed = time.perf_counter() - started
     dist.barrier()
     if rank == 0:
-        print("done: %d steps, %.2f ms/step, warden %s" % (
-            args.steps, 1000 * elapsed / args.steps, warden_torch.stats()), flush=True)
+        ran = max(args.steps - first + 1, 1)
+        final = float(loss.item()) if loss is not None else float("nan")
+        print("done: %d steps, %.2f ms/step, final loss %.6f, warden %s" % (
+            args.steps, 1000 * elapsed / ran, final, warden_torch.stats()), flush=True)
     dist.destroy_process_group()
+
+
+def write_whole(path, text):
+    """Write ``text`` to ``path`` so that no reader sees it half-written."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(root, step, model, opt):
+    """Save ``step`` in Megatron-LM's layout; the tracker moves only once it is whole."""
+    shard = os.path.join(root, "iter_%07d" % step, "mp_rank_00")
+    os.makedirs(shard, exist_ok=True)
+    path = os.path.join(shard, "model_optim_rng.pt")
+    torch.save({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()}, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    write_whole(os.path.join(root, "latest_checkpointed_iteration.txt"), "%d\n" % step)
+
+
+def load_checkpoint(root, model, opt):
+    """Load the checkpoint the tracker names; its step, or None when there is none."""
+    try:
+        with open(os.path.join(root, "latest_checkpointed_iteration.txt")) as f:
+            step = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    path = os.path.join(root, "iter_%07d" % step, "mp_rank_00", "model_optim_rng.pt")
+    state = torch.load(path, map_location="cpu")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    return int(state["step"])
 
 
 if __name__ == "__main__":
