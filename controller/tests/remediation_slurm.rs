@@ -101,6 +101,7 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
         nodes: 4,
         cred_expire_secs: Some(5),
         job_hook: Some("http://127.0.0.1:9".to_owned()),
+        ..Options::default()
     });
     let id = cluster.sbatch(&[
         "--job-name=warden-train",

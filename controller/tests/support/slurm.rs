@@ -44,8 +44,10 @@ pub const PROGRAMS: &[(&str, &str)] = &[
 /// How to set the cluster up.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// slurmd daemons, 1..=4 (`n1`..`n4`).
+    /// slurmd daemons, 1..=4 (`n1`..`n4` unless `names` says otherwise).
     pub nodes: usize,
+    /// The nodes' names, one per daemon (empty: `n1`..`nN`).
+    pub names: Vec<String>,
     /// Install the Warden job hook as PrologSlurmctld/EpilogSlurmctld, reporting to
     /// this controller URL.
     pub job_hook: Option<String>,
@@ -58,6 +60,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             nodes: 4,
+            names: Vec::new(),
             job_hook: None,
             cred_expire_secs: None,
         }
@@ -144,11 +147,13 @@ fn mkdir(path: &Path, mode: u32) -> PathBuf {
     path.to_owned()
 }
 
-/// The repository root (the controller crate's parent).
+/// The repository root: the nearest directory above the crate holding `deploy/slurm`
+/// (this file is shared by crates at different depths).
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
+        .ancestors()
+        .find(|d| d.join("deploy/slurm/prolog.sh").exists())
+        .expect("the repository root above the crate")
         .to_owned()
 }
 
@@ -208,7 +213,12 @@ impl SlurmCluster {
         }
         write_mode(&munge.join("munge.key"), &key, 0o600);
 
-        let nodes: Vec<String> = (1..=opts.nodes).map(|i| format!("n{i}")).collect();
+        let nodes: Vec<String> = if opts.names.is_empty() {
+            (1..=opts.nodes).map(|i| format!("n{i}")).collect()
+        } else {
+            assert_eq!(opts.names.len(), opts.nodes, "one name per node");
+            opts.names.clone()
+        };
         let conf = root.join("slurm.conf");
         let mut cluster = SlurmCluster {
             dir,

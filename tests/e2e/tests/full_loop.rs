@@ -1,0 +1,564 @@
+//! The full loop: a real torchrun job on a real Slurm cluster hits a fault; Warden finds
+//! it, says why, drains the node, requeues the job without it, and the job resumes from
+//! its last complete checkpoint and finishes. Four scenarios, each from a clean start
+//! (`warden_e2e::FullLoop`): (a) a rank on gpu-node02 stopped with SIGSTOP, (b) an
+//! XID 79 in gpu-node03's kernel log, (c) an exception in user code (notify only), (d) a
+//! clean run (nothing at all). For each, the incident, its timeline and every action are
+//! read back from PostgreSQL, the webhook behind Alertmanager got the alert (and its
+//! resolution), and Prometheus has the incident metric. Each prints a `REPORT` line:
+//! detection, isolation and restart times, and the steps of work lost.
+//!
+//! The scenarios run one at a time (they share the machine's two cores).
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::Value;
+use warden_e2e::{FullLoop, Job, Tools, now_s, poll};
+
+/// One scenario at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Steps of the job, and its checkpoint interval.
+const STEPS: u64 = 200;
+const CKPT_EVERY: u32 = 20;
+/// The step after which faults are injected: past the hang detector's warm-up (32
+/// collectives per communicator) and a few checkpoints in.
+const FAULT_AFTER: u64 = 70;
+/// torch's start on a loaded two-core machine: six processes importing it at once.
+const START_LIMIT: Duration = Duration::from_secs(300);
+
+fn text<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str().unwrap_or_default()
+}
+
+fn strings(v: &Value, k: &str) -> Vec<String> {
+    v[k].as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Wait for `what`, or fail with everything the loop can say.
+fn wait<T>(
+    l: &FullLoop,
+    job: &Job,
+    what: &str,
+    limit: Duration,
+    f: impl FnMut() -> Option<T>,
+) -> T {
+    match poll(limit, f) {
+        Some(v) => v,
+        None => panic!(
+            "timed out after {limit:?} waiting for {what}\n{}",
+            l.state(Some(job))
+        ),
+    }
+}
+
+/// Start the job and wait until it is past [`FAULT_AFTER`]; returns its nodes.
+fn start_job(l: &mut FullLoop, args: &[&str]) -> (Job, Vec<String>) {
+    let job = l.submit(CKPT_EVERY, args);
+    let slurm_job = wait(l, &job, "the job running", START_LIMIT, || {
+        l.slurm.job(job.id).filter(|j| j.state == "RUNNING")
+    });
+    let nodes = l.slurm.hostnames(&slurm_job.nodes);
+    (job, nodes)
+}
+
+/// The timeline entries of incident `id` in PostgreSQL, in order.
+fn stored_timeline(l: &FullLoop, id: &str) -> Vec<String> {
+    l.db.rows(&format!(
+        "SELECT what FROM incident_timeline WHERE incident_id = '{id}' ORDER BY seq"
+    ))
+    .into_iter()
+    .filter_map(|r| r.into_iter().next())
+    .collect()
+}
+
+/// `(kind, target, status, result)` of every action in PostgreSQL, oldest first.
+fn stored_actions(l: &FullLoop) -> Vec<(String, String, String, String, String)> {
+    l.db.rows(
+        "SELECT kind, target, status, COALESCE(result, ''), COALESCE(incident_id, '') \
+         FROM actions ORDER BY intended_at",
+    )
+    .into_iter()
+    .map(|r| {
+        let f = |i: usize| r.get(i).cloned().unwrap_or_default();
+        (f(0), f(1), f(2), f(3), f(4))
+    })
+    .collect()
+}
+
+/// What a scenario that isolates and restarts measured.
+struct Measured {
+    detection: f64,
+    isolation: f64,
+    restart: f64,
+    running_again: f64,
+    resumed_from: u64,
+    reached_before: u64,
+    lost_said: String,
+}
+
+/// The part of (a) and (b) after detection: diagnosis, drain, requeue, resume, finish,
+/// resolution, and the record in PostgreSQL, the webhook and Prometheus.
+fn the_loop_closes(
+    l: &mut FullLoop,
+    job: &Job,
+    incident: &Value,
+    bad: &str,
+    t0: f64,
+    kind: &str,
+) -> Measured {
+    let id = text(incident, "id").to_owned();
+    let detection = incident["detected_s"].as_f64().unwrap_or(f64::MAX) - t0;
+
+    // The diagnosis is attached.
+    let diagnosed = wait(
+        l,
+        job,
+        "the diagnosis attached",
+        Duration::from_secs(60),
+        || l.incident(&id).filter(|i| !i["diagnosis"].is_null()),
+    );
+    let diagnosis = diagnosed["diagnosis"].clone();
+
+    // The node is drained in Slurm with the incident in the reason.
+    let isolate = wait(
+        l,
+        job,
+        "the isolate action",
+        Duration::from_secs(60),
+        || {
+            l.actions()
+                .into_iter()
+                .find(|a| text(a, "kind") == "isolate" && text(a, "target") == bad)
+                .filter(|a| a["finished_at"].as_i64().is_some())
+        },
+    );
+    assert_eq!(
+        text(&isolate, "result"),
+        format!("drain {bad}: done"),
+        "{isolate}"
+    );
+    let node = l.node_line(bad);
+    assert!(node.contains("DRAIN"), "{node}");
+    assert!(node.contains(&format!("Reason=warden: {id}")), "{node}");
+
+    // The job is requeued without it.
+    let restart = wait(
+        l,
+        job,
+        "the restart action",
+        Duration::from_secs(60),
+        || {
+            l.actions()
+                .into_iter()
+                .find(|a| text(a, "kind") == "restart")
+                .filter(|a| a["finished_at"].as_i64().is_some())
+        },
+    );
+    let result = text(&restart, "result").to_owned();
+    assert_eq!(text(&restart, "target"), job.id.to_string(), "{restart}");
+    assert!(result.contains(&format!("without {bad}")), "{result}");
+    assert!(result.contains("megatron"), "{result}");
+    let lost_said = result.rsplit("; ").next().unwrap_or_default().to_owned();
+    assert!(lost_said.ends_with("steps of work lost"), "{result}");
+    assert!(l.job_field(job, "ExcNodeList").contains(bad));
+
+    // Running again elsewhere, resumed from the latest complete checkpoint, and
+    // finished with a finite loss.
+    let again = wait(l, job, "the job running again", START_LIMIT, || {
+        let j = l.slurm.job(job.id)?;
+        (j.state == "RUNNING" && l.job_field(job, "Restarts") == "1").then_some(j)
+    });
+    let hosts = l.slurm.hostnames(&again.nodes);
+    assert!(!hosts.iter().any(|h| h == bad), "{hosts:?} avoids {bad}");
+    let done = wait(l, job, "the job finished", START_LIMIT, || {
+        l.slurm.job(job.id).filter(|j| j.finished())
+    });
+    assert_eq!(done.state, "COMPLETED", "{done:?}\n{}", l.state(Some(job)));
+    let logs = l.job_logs(job, 400);
+    let resumed_from: u64 = logs
+        .lines()
+        .find_map(|x| x.split("resumed from checkpoint step ").nth(1))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no resume in the job's output:\n{logs}"));
+    let final_loss: f64 = logs
+        .lines()
+        .find_map(|x| {
+            x.contains(&format!("done: {STEPS} steps"))
+                .then(|| x.split("final loss ").nth(1))
+                .flatten()
+        })
+        .and_then(|s| s.split(',').next()?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no final step in the job's output:\n{logs}"));
+    assert!(final_loss.is_finite(), "final loss {final_loss}");
+    assert!(
+        result.contains(&format!(
+            "iter_{resumed_from:07} (step {resumed_from}, megatron)"
+        )),
+        "the job resumed from step {resumed_from}; Warden said: {result}"
+    );
+
+    // Steps: the last one the first run finished, then where the second began.
+    let steps = l.steps(job);
+    let split = steps
+        .windows(2)
+        .position(|w| w[1].0 <= w[0].0)
+        .unwrap_or_else(|| panic!("no restart in the step log: {steps:?}"));
+    let reached_before = steps[split].0;
+    let (first_again, running_again_at) = steps[split + 1];
+    assert_eq!(first_again, resumed_from + 1, "{steps:?}");
+    assert_eq!(steps.last().map(|s| s.0), Some(STEPS));
+
+    // The incident resolves once the fault's findings stop; the webhook behind
+    // Alertmanager got it firing and resolved.
+    wait(
+        l,
+        job,
+        "the incident resolved",
+        Duration::from_secs(180),
+        || l.incident(&id).filter(|i| text(i, "state") == "resolved"),
+    );
+    let notes = wait(
+        l,
+        job,
+        "the alert and its resolution at the webhook",
+        Duration::from_secs(60),
+        || {
+            let got = l.webhook.about(&id);
+            let firing = got.iter().any(|(s, _)| s == "firing");
+            let resolved = got.iter().any(|(s, _)| s == "resolved");
+            (firing && resolved).then_some(got)
+        },
+    );
+    assert_eq!(notes[0].0, "firing", "{notes:?}");
+
+    // PostgreSQL holds the incident, its whole timeline and every action.
+    let rows = l.db.rows(&format!(
+        "SELECT kind, job, state, nodes FROM incidents WHERE id = '{id}'"
+    ));
+    assert_eq!(
+        rows,
+        vec![vec![
+            kind.to_owned(),
+            job.id.to_string(),
+            "resolved".to_owned(),
+            format!(",{bad},")
+        ]],
+        "the stored incident; its timeline: {:#?}\n{}",
+        stored_timeline(l, &id),
+        l.state(Some(job))
+    );
+    let timeline = stored_timeline(l, &id);
+    for needle in [
+        "diagnos",
+        &format!("drain {bad}: done"),
+        result.as_str(),
+        &format!("verified: job {} runs again on ", job.id),
+        "resolved",
+    ] {
+        assert!(
+            timeline.iter().any(|w| w.contains(needle)),
+            "{needle:?} not in the stored timeline {timeline:#?}"
+        );
+    }
+    let stored = stored_actions(l);
+    let api: Vec<(String, String)> = l
+        .actions()
+        .iter()
+        .map(|a| (text(a, "kind").to_owned(), text(a, "target").to_owned()))
+        .collect();
+    assert_eq!(stored.len(), api.len(), "{stored:?} / {api:?}");
+    assert_eq!(
+        stored
+            .iter()
+            .map(|a| (a.0.as_str(), a.1.as_str(), a.2.as_str(), a.4.as_str()))
+            .collect::<Vec<_>>(),
+        vec![
+            ("isolate", bad, "done", id.as_str()),
+            ("restart", job.id.to_string().as_str(), "done", id.as_str()),
+        ],
+        "stored actions"
+    );
+    let stored_diag = l.db.rows(&format!(
+        "SELECT source FROM diagnoses WHERE incident_id = '{id}'"
+    ));
+    assert!(!stored_diag.is_empty(), "no stored diagnosis: {diagnosis}");
+
+    // Prometheus scraped the incident.
+    let q = format!("warden_incidents_total{{kind=\"{kind}\"}}");
+    wait(
+        l,
+        job,
+        "the incident metric in Prometheus",
+        Duration::from_secs(30),
+        || l.prom_value(&q).filter(|v| *v >= 1.0),
+    );
+
+    let at = |a: &Value| a["finished_at"].as_i64().unwrap_or(0) as f64 / 1e9 - t0;
+    Measured {
+        detection,
+        isolation: at(&isolate),
+        restart: at(&restart),
+        running_again: running_again_at - t0,
+        resumed_from,
+        reached_before,
+        lost_said,
+    }
+}
+
+fn report(scenario: &str, m: &Measured) {
+    eprintln!(
+        "REPORT {scenario}: detection {:.2} s, isolation {:.2} s, restart requested {:.2} s, \
+         first step after the restart {:.2} s (all after the fault); steps lost {} \
+         (reached step {}, resumed from the checkpoint at {}; Warden said \"{}\")",
+        m.detection,
+        m.isolation,
+        m.restart,
+        m.running_again,
+        m.reached_before - m.resumed_from,
+        m.reached_before,
+        m.resumed_from,
+        m.lost_said
+    );
+}
+
+#[test]
+fn a_a_stopped_rank_is_found_isolated_and_the_job_finishes_without_its_node() {
+    let _one = serial();
+    let Some(tools) = Tools::find() else {
+        return;
+    };
+    let mut l = FullLoop::start(&tools);
+    let steps = STEPS.to_string();
+    let (job, nodes) = start_job(&mut l, &["--steps", &steps]);
+    let bad = "gpu-node02";
+    assert!(nodes.iter().any(|n| n == bad), "{nodes:?}");
+    l.wait_step(&job, FAULT_AFTER, START_LIMIT);
+
+    let (rank, pid) = l.ranks_on(&job, bad)[0];
+    let t0 = now_s();
+    l.signal(pid, "-STOP");
+    let incident = wait(&l, &job, "a hang incident", Duration::from_secs(10), || {
+        l.incidents(&job)
+            .into_iter()
+            .find(|i| text(i, "kind") == "hang")
+    });
+    assert_eq!(strings(&incident, "nodes"), [bad], "{incident}");
+    assert!(
+        incident["ranks"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|x| x.as_u64() == Some(u64::from(rank)))),
+        "rank {rank}: {incident}"
+    );
+    let m = the_loop_closes(&mut l, &job, &incident, bad, t0, "hang");
+    assert!(
+        m.detection < 10.0,
+        "detected {:.2} s after SIGSTOP",
+        m.detection
+    );
+    report("(a) SIGSTOP of a rank on gpu-node02", &m);
+    l.check_alive();
+}
+
+#[test]
+fn b_an_xid_79_is_found_isolated_and_the_job_finishes_without_its_node() {
+    let _one = serial();
+    let Some(tools) = Tools::find() else {
+        return;
+    };
+    let mut l = FullLoop::start(&tools);
+    let steps = STEPS.to_string();
+    let (job, nodes) = start_job(&mut l, &["--steps", &steps]);
+    let bad = "gpu-node03";
+    assert!(nodes.iter().any(|n| n == bad), "{nodes:?}");
+    l.wait_step(&job, FAULT_AFTER, START_LIMIT);
+
+    let t0 = now_s();
+    l.inject_kernel_line(
+        bad,
+        "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has \
+         fallen off the bus.",
+    );
+    let incident = wait(
+        &l,
+        &job,
+        "a gpu_fault incident",
+        Duration::from_secs(10),
+        || {
+            l.incidents(&job)
+                .into_iter()
+                .find(|i| text(i, "kind") == "gpu_fault")
+        },
+    );
+    assert_eq!(strings(&incident, "nodes"), [bad], "{incident}");
+    let m = the_loop_closes(&mut l, &job, &incident, bad, t0, "gpu_fault");
+    report("(b) XID 79 on gpu-node03", &m);
+    l.check_alive();
+}
+
+#[test]
+fn c_an_exception_in_user_code_is_diagnosed_and_only_notified() {
+    let _one = serial();
+    let Some(tools) = Tools::find() else {
+        return;
+    };
+    let mut l = FullLoop::start(&tools);
+    let steps = STEPS.to_string();
+    let fault_step = (FAULT_AFTER - 20).to_string();
+    let (job, _) = start_job(
+        &mut l,
+        &[
+            "--steps",
+            &steps,
+            "--fault",
+            "raise",
+            "--fault-rank",
+            "3",
+            "--fault-step",
+            &fault_step,
+        ],
+    );
+    let done = wait(&l, &job, "the job failed", START_LIMIT, || {
+        l.slurm.job(job.id).filter(|j| j.finished())
+    });
+    assert_eq!(done.state, "FAILED", "{done:?}");
+    let t_failed = now_s();
+    let incident = wait(
+        &l,
+        &job,
+        "a diagnosed incident",
+        Duration::from_secs(60),
+        || {
+            l.incidents(&job)
+                .into_iter()
+                .find(|i| i["diagnosis"]["category"].as_str() == Some("user_code_error"))
+        },
+    );
+    let id = text(&incident, "id").to_owned();
+    assert_eq!(text(&incident, "kind"), "crash", "{incident}");
+    assert_eq!(
+        incident["diagnosis"]["fault_locus"].as_str(),
+        Some("user-code"),
+        "{incident}"
+    );
+    // The policy notifies and does nothing else.
+    wait(
+        &l,
+        &job,
+        "the policy's decision",
+        Duration::from_secs(60),
+        || {
+            l.incident(&id).filter(|i| {
+                i["timeline"].as_array().is_some_and(|t| {
+                    t.iter()
+                        .any(|e| text(e, "what").contains("policy rule user-code calls for notify"))
+                })
+            })
+        },
+    );
+    wait(
+        &l,
+        &job,
+        "the alert at the webhook",
+        Duration::from_secs(60),
+        || {
+            l.webhook
+                .about(&id)
+                .iter()
+                .any(|(s, _)| s == "firing")
+                .then_some(())
+        },
+    );
+    // Give remediation time to do something wrong before saying it did nothing.
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(stored_actions(&l).is_empty(), "{:?}", stored_actions(&l));
+    assert!(l.actions().is_empty());
+    let states = l.slurm.node_states();
+    assert!(
+        states.values().all(|s| !s.contains("drain")),
+        "no node drained: {states:?}"
+    );
+    assert_eq!(l.job_field(&job, "Restarts"), "0");
+    let rows = l.db.rows(&format!(
+        "SELECT kind, job FROM incidents WHERE id = '{id}'"
+    ));
+    assert_eq!(rows, vec![vec!["crash".to_owned(), job.id.to_string()]]);
+    let timeline = stored_timeline(&l, &id);
+    assert!(
+        timeline.iter().any(|w| w.contains("calls for notify")),
+        "{timeline:#?}"
+    );
+    let stored_diag = l.db.rows(&format!(
+        "SELECT category FROM diagnoses WHERE incident_id = '{id}'"
+    ));
+    assert!(
+        stored_diag.iter().any(|r| r[0] == "user_code_error"),
+        "{stored_diag:?}"
+    );
+    wait(
+        &l,
+        &job,
+        "the crash metric in Prometheus",
+        Duration::from_secs(30),
+        || {
+            l.prom_value("warden_incidents_total{kind=\"crash\"}")
+                .filter(|v| *v >= 1.0)
+        },
+    );
+    eprintln!(
+        "REPORT (c) exception in user code on rank 3: crash incident {id} diagnosed \
+         user_code_error ({:.2} s after the job failed); notify only, no action, no drain, \
+         no restart",
+        incident["detected_s"].as_f64().unwrap_or(0.0) - t_failed
+    );
+    l.check_alive();
+}
+
+#[test]
+fn d_a_clean_run_has_no_incident_and_no_action() {
+    let _one = serial();
+    let Some(tools) = Tools::find() else {
+        return;
+    };
+    let mut l = FullLoop::start(&tools);
+    let (job, _) = start_job(&mut l, &["--steps", "120"]);
+    let done = wait(&l, &job, "the job finished", START_LIMIT, || {
+        l.slurm.job(job.id).filter(|j| j.finished())
+    });
+    assert_eq!(done.state, "COMPLETED", "{done:?}\n{}", l.state(Some(&job)));
+    assert!(l.job_logs(&job, 50).contains("done: 120 steps"));
+    // The job's end is past; anything the detectors would say, they have said.
+    std::thread::sleep(Duration::from_secs(5));
+    let incidents = l.incidents(&job);
+    assert!(incidents.is_empty(), "{incidents:?}");
+    assert!(
+        l.db.rows("SELECT id FROM incidents").is_empty(),
+        "stored incidents"
+    );
+    assert!(stored_actions(&l).is_empty(), "{:?}", stored_actions(&l));
+    assert!(
+        l.webhook.received().is_empty(),
+        "{:?}",
+        l.webhook.received()
+    );
+    let states = l.slurm.node_states();
+    assert!(states.values().all(|s| s == "idle"), "{states:?}");
+    // Prometheus scraped a controller that saw the job and counted nothing.
+    let open = l.prom_value("sum(warden_incidents_open)").unwrap_or(0.0);
+    assert_eq!(open, 0.0);
+    eprintln!(
+        "REPORT (d) clean run: 120 steps, {} finished, no incident, no action, no alert",
+        l.steps(&job).len()
+    );
+    l.check_alive();
+}
