@@ -102,9 +102,13 @@ impl Persister {
                 .incidents()
                 .iter()
                 .filter(|inc| {
-                    self.stored
-                        .get(&inc.id)
-                        .is_none_or(|s| s.updated_at != inc.updated_at)
+                    // The time alone can miss a change: remediation notes an incident
+                    // (and may resolve it) at the same instant as the pass that
+                    // refreshed it and was written just before.
+                    self.stored.get(&inc.id).is_none_or(|s| {
+                        s.updated_at != inc.updated_at
+                            || s.last_entry.as_ref() != inc.timeline.last()
+                    })
                 })
                 .cloned()
                 .collect();
