@@ -986,11 +986,13 @@ impl Remediator {
                 .lock()
                 .job_lifecycle(&v.job)
                 .filter(|l| l.ended_at.is_none() && l.started_at.is_some_and(|t| t.0 > v.at));
+            let mut mitigated = false;
             let what = match seen {
                 Some(l) => {
                     let bad: Vec<&String> =
                         l.nodes.iter().filter(|n| v.exclude.contains(n)).collect();
                     if bad.is_empty() {
+                        mitigated = true;
                         format!(
                             "verified: job {} runs again on {} without {}",
                             v.job,
@@ -1031,6 +1033,22 @@ impl Remediator {
             };
             changed = true;
             self.note(out, &v.incident, &what, false, now);
+            if mitigated {
+                // The job runs again without the bad nodes: the incident is over (the
+                // nodes stay drained). Its fault, still seen on those nodes, is absorbed;
+                // a new one reopens it.
+                let resolved = self.engine.lock().resolve_incident(
+                    &v.incident,
+                    POLICY_ACTOR,
+                    "mitigated: the job runs again without the isolated node(s)",
+                    now,
+                );
+                if let Ok(c) = resolved
+                    && !out.changes.contains(&c)
+                {
+                    out.changes.push(c);
+                }
+            }
         }
         s.verifying = keep;
         if changed {
