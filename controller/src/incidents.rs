@@ -342,7 +342,10 @@ impl IncidentBook {
     fn same(&self, f: &Finding, now: Timestamp) -> Option<usize> {
         (0..self.incidents.len()).rev().find(|&i| {
             let inc = &self.incidents[i];
-            if inc.kind != f.kind || inc.job != f.job || !self.is_live(i, now) {
+            // A GPU fault outlives the job that ran on the GPU (it was restarted
+            // elsewhere): the same fault, now with no job there.
+            let job_left = f.kind == IncidentKind::GpuFault && f.job.is_none();
+            if inc.kind != f.kind || (inc.job != f.job && !job_left) || !self.is_live(i, now) {
                 return false;
             }
             let resolved = inc.state == IncidentState::Resolved;
@@ -484,7 +487,12 @@ impl IncidentBook {
         }
     }
 
-    fn refresh(&mut self, i: usize, f: Finding, now: Timestamp) -> Option<IncidentChange> {
+    fn refresh(&mut self, i: usize, mut f: Finding, now: Timestamp) -> Option<IncidentChange> {
+        if f.job.is_none() && self.incidents[i].job.is_some() {
+            // The job left the faulty GPU: the incident still tells of the ranks it hit.
+            f.ranks.clone_from(&self.incidents[i].ranks);
+            f.summary.clone_from(&self.incidents[i].summary);
+        }
         let extra = &mut self.extra[i];
         if self.incidents[i].state == IncidentState::Resolved
             && extra.resolved_by_hand.is_some_and(|t| f.onset <= t)
@@ -776,6 +784,30 @@ mod tests {
         }
         assert_eq!(b.all().len(), 1);
         assert_eq!(b.all()[0].finding_count, 19);
+    }
+
+    #[test]
+    fn a_gpu_fault_the_job_left_stays_one_incident() {
+        let mut b = IncidentBook::default();
+        let hit = finding(IncidentKind::GpuFault, &[4, 5], "node-03", None, 0.0, 0.99);
+        assert_eq!(fold(&mut b, 1.0, vec![hit]).len(), 1);
+        // The job was restarted on other nodes; the node's fault is still there.
+        let mut left = finding(IncidentKind::GpuFault, &[], "node-03", None, 0.0, 0.99);
+        left.job = None;
+        left.summary = "node-03 reported XID 79".into();
+        for s in 2..10 {
+            assert!(fold(&mut b, f64::from(s), vec![left.clone()]).is_empty());
+        }
+        assert_eq!(b.all().len(), 1, "{:#?}", b.all());
+        let inc = &b.all()[0];
+        assert_eq!(inc.job.as_deref(), Some("j"));
+        assert_eq!(inc.ranks, [4, 5], "the ranks it hit are kept");
+        assert_eq!(inc.finding_count, 9);
+        assert!(
+            inc.timeline
+                .iter()
+                .all(|e| !e.what.starts_with("culprit revised"))
+        );
     }
 
     #[test]
