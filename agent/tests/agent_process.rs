@@ -398,4 +398,20 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 5 ha
     assert!(d.nodes_read.is_empty());
     assert_eq!(d.lines_read, 1);
     assert_eq!(d.category.as_deref(), Some("cuda_runtime_error"), "{d:#?}");
+
+    // A reachable agent whose window lacks a line the controller holds (here the
+    // kernel-log line of a hardware event, which no agent window tails): it is read too.
+    let window_lines = runtime
+        .block_on(live.diagnose(&request(vec![]), None))
+        .lines_read;
+    let xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.";
+    let held = vec![HeldLine {
+        rank: None,
+        node: Some("gpu-node-3".into()),
+        text: xid.into(),
+    }];
+    let d = runtime.block_on(live.diagnose(&request(held), None));
+    assert_eq!(d.nodes_read, vec!["gpu-node-3".to_owned()]);
+    assert_eq!(d.lines_read, window_lines + 1, "{d:#?}");
+    assert!(d.evidence.iter().any(|e| e.text == xid), "{d:#?}");
 }

@@ -426,8 +426,11 @@ impl Diagnoser {
         to_incident_diagnosis(&answer, &lines, gathered.nodes_read)
     }
 
-    /// The lines to read: each chosen node's window from its agent, or, when the agent
-    /// cannot be reached, the error lines its ranks already shipped.
+    /// The lines to read: each chosen node's window from its agent, and the lines the
+    /// controller already holds (error lines its ranks shipped, a process's last words,
+    /// the kernel-log line of a hardware event) that the window does not have: those of
+    /// a node whose agent cannot be reached, and those the agent has not read yet (a
+    /// diagnosis starts moments after the onset) or never tails (the kernel log).
     async fn gather(&self, req: &DiagnosisRequest, metrics: Option<&Metrics>) -> Gathered {
         let mut nodes: Vec<NodeName> = req.culprit_nodes.clone();
         nodes.extend(req.peer_nodes.iter().take(self.config.peer_nodes).cloned());
@@ -481,11 +484,15 @@ impl Diagnoser {
             }
             g.nodes_read.push(node);
         }
-        // Held lines stand in for nodes whose window was not read.
+        // Held lines the windows do not have.
+        let seen: std::collections::HashSet<(Option<&str>, &str)> = timed
+            .iter()
+            .map(|l| (l.node.as_deref(), l.text.as_str()))
+            .collect();
         let mut held: Vec<LogLine> = req
             .held
             .iter()
-            .filter(|h| h.node.as_ref().is_none_or(|n| !g.nodes_read.contains(n)))
+            .filter(|h| !seen.contains(&(h.node.as_deref(), h.text.as_str())))
             .map(|h| LogLine {
                 id: 0,
                 node: h.node.clone(),
