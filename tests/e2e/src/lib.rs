@@ -466,13 +466,26 @@ pub struct FullLoop {
     prometheus: Proc,
     alertmanager: Proc,
     tools: Tools,
-    dir: tempfile::TempDir,
+    dir: PathBuf,
+    /// Removes `dir` when dropped; `None` when `WARDEN_E2E_KEEP` asks to keep it.
+    tmp: Option<tempfile::TempDir>,
+}
+
+impl Drop for FullLoop {
+    fn drop(&mut self) {
+        // A failed scenario leaves its logs, checkpoints and configs for a person.
+        if std::thread::panicking()
+            && let Some(t) = self.tmp.take()
+        {
+            eprintln!("the failed scenario's files stay in {}", t.keep().display());
+        }
+    }
 }
 
 impl std::fmt::Debug for FullLoop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FullLoop")
-            .field("dir", &self.dir.path())
+            .field("dir", &self.dir)
             .field("port", &self.port)
             .finish_non_exhaustive()
     }
@@ -507,7 +520,14 @@ impl FullLoop {
             .prefix("warden-e2e-")
             .tempdir()
             .expect("temp dir");
-        let d = dir.path();
+        let (d, tmp) = if std::env::var_os("WARDEN_E2E_KEEP").is_some() {
+            let kept = dir.keep();
+            eprintln!("WARDEN_E2E_KEEP: everything stays in {}", kept.display());
+            (kept, None)
+        } else {
+            (dir.path().to_owned(), Some(dir))
+        };
+        let d = d.as_path();
         let webhook = Webhook::start();
 
         // Alertmanager: one group per incident, sent at once, resolutions too.
@@ -641,14 +661,15 @@ impl FullLoop {
             prometheus,
             alertmanager,
             tools: tools.clone(),
-            dir,
+            dir: d.to_owned(),
+            tmp,
         }
     }
 
     /// Submit the training job on [`JOB_NODES`] nodes with `train_ddp.py` arguments
     /// `args` (steps, faults); it checkpoints every `ckpt_every` steps.
     pub fn submit(&self, ckpt_every: u32, args: &[&str]) -> Job {
-        let d = self.dir.path();
+        let d = self.dir.as_path();
         let port_base = free_port();
         let per_node = d.join("node-task.sh");
         // One torchrun per node; its output goes where that node's agent tails it, in
@@ -715,7 +736,6 @@ impl FullLoop {
         for node in NODES {
             let p = self
                 .dir
-                .path()
                 .join("logs")
                 .join(node)
                 .join(format!("slurm-{}.out", job.id));
@@ -738,7 +758,7 @@ impl FullLoop {
         );
         if let Some(j) = job {
             let _ = writeln!(out, "job {}: {:?}", j.id, self.slurm.job(j.id));
-            out.push_str(&self.job_logs(j, 30));
+            out.push_str(&self.job_logs(j, 60));
         }
         let _ = writeln!(out, "--- controller ---\n{}", self.controller.tail(40));
         for a in &self.agents {
