@@ -550,7 +550,14 @@ mod tests {
         }
         let errs = ConfigFile::from_yaml("diagnosis:\n  agent_urls: x\n", "c.yaml")
             .expect_err("not a map");
-        assert!(errs.to_string().contains("agent_urls"), "{errs}");
+        let msg = errs.to_string();
+        assert!(
+            msg.contains("diagnosis") && msg.contains("expected a map"),
+            "{msg}"
+        );
+        let errs = ConfigFile::from_yaml("diagnosis:\n  agent_url_map: {}\n", "c.yaml")
+            .expect_err("unknown field");
+        assert!(errs.to_string().contains("agent_url_map"), "{errs}");
     }
 
     #[test]
