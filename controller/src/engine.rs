@@ -219,9 +219,10 @@ impl Engine {
 
     /// Remediation is about to restart job `job` (at `at`, controller clock): the
     /// exits of its ranks from now until it starts again are the restart, not a crash.
-    pub fn restart_requested(&mut self, job: &str, at: Timestamp) {
+    /// `None`: the restart did not happen after all, and exits are crashes again.
+    pub fn restart_requested(&mut self, job: &str, at: Option<Timestamp>) {
         if let Some(j) = self.cluster.jobs.get_mut(job) {
-            j.restart_requested_at = Some(at);
+            j.restart_requested_at = at;
         }
     }
 

@@ -1,17 +1,19 @@
 //! The per-node cooldown and the rate limit of remediation, in process with a manual
 //! clock: the engine opens incidents from real batches, the remediation loop decides
-//! them, and the rails hold where they should, saying so on the incidents' timelines.
+//! them, and the rails hold where they should, saying so on the incidents' timelines;
+//! the exits of a job remediation restarts are not a crash, unless the restart failed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use warden_controller::remedy::run::{BreakerConfig, Remediator, RemedyConfig};
+use warden_controller::remedy::run::{ActuatorKind, BreakerConfig, Remediator, RemedyConfig};
+use warden_controller::remedy::script::ScriptConfig;
 use warden_controller::store::Store;
 use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
-use warden_model::Timestamp;
 use warden_model::wire::{
-    Batch, EventSeverity, Heartbeat, JobSignals, NodeEvent, NodeEventKind, RankInfo,
+    Batch, EventSeverity, Heartbeat, JobSignals, NodeEvent, NodeEventKind, ProcessState, RankInfo,
 };
+use warden_model::{IncidentKind, Timestamp};
 
 const T0: i64 = 1_800_000_000_000_000_000;
 
@@ -267,4 +269,70 @@ async fn faults_on_two_nodes_of_one_job_restart_it_once_without_both() {
         2,
         "{kinds:?}"
     );
+}
+
+/// A batch from `node` saying rank `rank` of `job` exited with SIGTERM at `at`.
+fn exit_batch(node: &str, seq: u64, at: i64, job: &str, rank: u32) -> Batch {
+    let mut b = batch(node, seq, at, false);
+    b.jobs.push(JobSignals {
+        job: job.into(),
+        processes: vec![ProcessState {
+            rank,
+            pid: 1000 + rank,
+            at_ns: at,
+            alive: false,
+            exit_code: None,
+            signal: Some(15),
+            stopped: false,
+        }],
+        ..JobSignals::default()
+    });
+    b
+}
+
+/// The ranks of `job` on node-1 and node-2, a fatal XID on node-1, and the remediation
+/// pass that restarts the job; then the rank on node-2 exits with SIGTERM. Whether a
+/// crash incident opens for that exit.
+async fn exits_after_a_restart_are_a_crash(config: RemedyConfig) -> bool {
+    let mut w = World::new(config).await;
+    for (node, rank) in [("node-1", 0), ("node-2", 1)] {
+        w.send_rank(node, false, "train", rank);
+    }
+    w.engine.lock().tick(w.clock.now_ts());
+    w.advance(1.0);
+    w.send_rank("node-1", true, "train", 0);
+    let now = w.clock.now_ts();
+    w.engine.lock().tick(now);
+    w.remedy.pass(now).await.expect("pass");
+    // The rank on the healthy node is stopped (a crash there would not be the GPU
+    // fault's consequence).
+    w.advance(0.5);
+    w.seq += 1;
+    let at = w.clock.now_ts();
+    let b = exit_batch("node-2", w.seq, at.0, "train", 1);
+    w.apply(b, false);
+    w.advance(3.0);
+    w.send("node-1", false);
+    w.send("node-2", false);
+    w.engine.lock().tick(w.clock.now_ts());
+    let e = w.engine.lock();
+    e.incidents().iter().any(|i| i.kind == IncidentKind::Crash)
+}
+
+#[tokio::test]
+async fn the_exits_of_a_restart_are_no_crash_unless_the_restart_failed() {
+    // Restart requested (actuator none records it): the exits that follow are it.
+    assert!(!exits_after_a_restart_are_a_crash(acting()).await);
+    // A restart the actuator could not do leaves the job running: its exits are a
+    // crash again.
+    let failing = RemedyConfig {
+        actuator: ActuatorKind::Script,
+        script: Some(ScriptConfig {
+            program: "/bin/false".into(),
+            args: vec![],
+            timeout_secs: 10,
+        }),
+        ..acting()
+    };
+    assert!(exits_after_a_restart_are_a_crash(failing).await);
 }

@@ -1363,8 +1363,13 @@ impl Remediator {
             )
         } else {
             // Before the scheduler kills the run: its ranks' exits are not a crash.
-            self.engine.lock().restart_requested(&job, self.clock.now());
+            self.engine
+                .lock()
+                .restart_requested(&job, Some(self.clock.now()));
             let r = self.actuator.restart(&req).await;
+            if !matches!(r, Ok(Outcome::Applied | Outcome::AlreadyDone)) {
+                self.engine.lock().restart_requested(&job, None);
+            }
             let issued = self.clock.now();
             if let Some(m) = &self.metrics {
                 m.restart_latency
