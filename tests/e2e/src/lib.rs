@@ -444,8 +444,6 @@ pub struct Job {
     pub id: u32,
     /// Its run directory: `rank<N>.pid`, `rank<N>.node`, `steps.log`.
     pub run: PathBuf,
-    /// Its checkpoint directory.
-    pub ckpt: PathBuf,
 }
 
 /// Everything, started.
@@ -726,7 +724,6 @@ impl FullLoop {
         Job {
             id,
             run: d.join("runs").join(id.to_string()),
-            ckpt: d.join("ckpt").join(id.to_string()),
         }
     }
 

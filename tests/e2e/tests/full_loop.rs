@@ -556,9 +556,19 @@ fn d_a_clean_run_has_no_incident_and_no_action() {
     );
     let states = l.slurm.node_states();
     assert!(states.values().all(|s| s == "idle"), "{states:?}");
-    // Prometheus scraped a controller that saw the job and counted nothing.
-    let open = l.prom_value("sum(warden_incidents_open)").unwrap_or(0.0);
-    assert_eq!(open, 0.0);
+    // Prometheus scrapes the controller, and no incident was ever counted.
+    wait(
+        &l,
+        &job,
+        "Prometheus scraping the controller",
+        Duration::from_secs(30),
+        || {
+            l.prom_value("up{job=\"warden-controller\"}")
+                .filter(|v| *v == 1.0)
+        },
+    );
+    let opened = l.prom_value("sum(warden_incidents_total)").unwrap_or(0.0);
+    assert_eq!(opened, 0.0);
     eprintln!(
         "REPORT (d) clean run: 120 steps, {} finished, no incident, no action, no alert",
         l.steps(&job).len()
