@@ -772,18 +772,20 @@ pub fn serve(
     Ok(())
 }
 
-/// Start the capture thread when enabled: it binds the socket (a failure marks the
-/// `capture` collector down and leaves the rest of the agent running) and feeds
+/// Start the capture thread when enabled: it binds the socket unless `bound` holds
+/// the result of an earlier [`bind`] (a failure marks the `capture` collector down and
+/// leaves the rest of the agent running) and feeds
 /// `progress` until the agent stops.
 pub fn start(
     cfg: &crate::config::CaptureConfig,
+    bound: Option<io::Result<UnixListener>>,
     shared: &crate::runtime::Shared,
     progress: &Progress,
 ) -> Option<std::thread::JoinHandle<()>> {
     if !cfg.enabled {
         return None;
     }
-    let listener = match bind(&cfg.socket) {
+    let listener = match bound.unwrap_or_else(|| bind(&cfg.socket)) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(socket = %cfg.socket.display(), error = %e, "job-side capture is down: cannot bind its socket");

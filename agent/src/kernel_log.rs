@@ -79,11 +79,26 @@ fn boot_wall_ns(now_ns: i64) -> i64 {
     now_ns - (uptime_s * 1e9) as i64
 }
 
-impl KernelLog {
+/// An opened kernel log, not yet read: what [`KernelSource::open`] returns before the
+/// agent gives up the capability the open may have needed (`crate::privilege`).
+pub struct KernelSource {
+    source: Source,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for KernelSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelSource")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KernelSource {
     /// Open `path`: `/dev/kmsg` (or any character device speaking its record protocol)
     /// is read from the oldest record the kernel still holds; any other file is a text
     /// log followed from its start.
-    pub fn open(path: &Path, dedup: Deduper, now_ns: i64) -> io::Result<KernelLog> {
+    pub fn open(path: &Path, now_ns: i64) -> io::Result<KernelSource> {
         let meta = std::fs::metadata(path)?;
         let source = if std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type()) {
             let file = OpenOptions::new()
@@ -95,37 +110,52 @@ impl KernelLog {
                 boot_wall_ns: boot_wall_ns(now_ns),
             }
         } else {
-            return Ok(Self::from_reader(
-                Box::new(File::open(path)?),
-                dedup,
-                path.to_owned(),
-            ));
+            text_source(Box::new(File::open(path)?))
         };
-        Ok(KernelLog {
+        Ok(KernelSource {
             source,
-            dedup,
             path: path.to_owned(),
-            lines_total: 0,
-            recognised_total: 0,
-            xid_seen: Vec::new(),
         })
     }
+}
 
-    /// A collector over a text stream (tests, dmesg output piped in).
-    pub fn from_reader(reader: Box<dyn Read + Send>, dedup: Deduper, name: PathBuf) -> KernelLog {
+/// A text source over `reader`.
+fn text_source(reader: Box<dyn Read + Send>) -> Source {
+    Source::Text {
+        reader,
+        buf: vec![0; 64 << 10],
+        len: 0,
+        skipping: false,
+    }
+}
+
+impl KernelLog {
+    /// Open `path` (see [`KernelSource::open`]) and read it with `dedup`.
+    pub fn open(path: &Path, dedup: Deduper, now_ns: i64) -> io::Result<KernelLog> {
+        Ok(Self::new(KernelSource::open(path, now_ns)?, dedup))
+    }
+
+    /// A collector over an opened source.
+    pub fn new(opened: KernelSource, dedup: Deduper) -> KernelLog {
         KernelLog {
-            source: Source::Text {
-                reader,
-                buf: vec![0; 64 << 10],
-                len: 0,
-                skipping: false,
-            },
+            source: opened.source,
             dedup,
-            path: name,
+            path: opened.path,
             lines_total: 0,
             recognised_total: 0,
             xid_seen: Vec::new(),
         }
+    }
+
+    /// A collector over a text stream (tests, dmesg output piped in).
+    pub fn from_reader(reader: Box<dyn Read + Send>, dedup: Deduper, name: PathBuf) -> KernelLog {
+        Self::new(
+            KernelSource {
+                source: text_source(reader),
+                path: name,
+            },
+            dedup,
+        )
     }
 
     /// The deduper (to update its GPU map, or read its counters).

@@ -24,7 +24,8 @@
 //!
 //! The runtime: [`config`] loads and validates the configuration, [`runtime`] wires the
 //! [`collectors`] and [`ship`] (batching, bounded buffer, delivery), [`metrics`] holds
-//! the agent's own metrics.
+//! the agent's own metrics; [`privilege`] opens what needs a capability and then gives
+//! up every capability before the first thread starts.
 
 pub mod api;
 pub mod capture;
@@ -40,6 +41,7 @@ pub mod metrics;
 pub mod nccl;
 pub mod nvml;
 pub mod pci;
+pub mod privilege;
 pub mod progress;
 pub mod runtime;
 pub mod ship;

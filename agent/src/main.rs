@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use warden_agent::config::{AgentConfig, Overrides, hostname};
-use warden_agent::runtime;
+use warden_agent::{privilege, runtime};
 
 /// Exit code for configuration errors (EX_USAGE in sysexits.h).
 const EXIT_CONFIG: u8 = 64;
@@ -93,6 +93,19 @@ fn main() -> ExitCode {
         println!("{config:#?}");
         return ExitCode::SUCCESS;
     }
+    // While the process has one thread: open what may need a capability, then give up
+    // every capability for good (warden_agent::privilege).
+    let preopened = privilege::preopen(&config, warden_agent::ship::wall_ns());
+    match privilege::drop_all() {
+        Ok(before) if before.permitted.is_empty() => {
+            tracing::info!("holding no capability; no_new_privs set");
+        }
+        Ok(before) => tracing::info!(
+            dropped = ?before.permitted_names(),
+            "opened the kernel log and the capture socket, then gave up every capability"
+        ),
+        Err(e) => tracing::warn!(error = %e, "could not give up capabilities; running with them"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -104,7 +117,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(runtime::run(config, shutdown_signal(), None)) {
+    match rt.block_on(runtime::run_preopened(
+        config,
+        preopened,
+        shutdown_signal(),
+        None,
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "agent stopped");

@@ -21,6 +21,8 @@ pub struct AgentMetrics {
     pub controller_up: IntGauge,
     /// Whether each collector is working, by `collector`.
     pub collector_up: IntGaugeVec,
+    /// Capabilities the agent holds (permitted set); 0 after it gave them up.
+    pub capabilities: IntGauge,
     /// Kernel log lines read.
     pub kmsg_lines: IntCounter,
     /// Kernel records the ring overwrote before they were read.
@@ -130,6 +132,11 @@ impl AgentMetrics {
                 "1 when the last delivery attempt reached the controller.",
             )?,
             collector_up,
+            capabilities: gauge(
+                r,
+                "warden_agent_capabilities",
+                "Linux capabilities the agent holds; 0 once it has opened the kernel log and the capture socket.",
+            )?,
             kmsg_lines: counter(r, "warden_agent_kmsg_lines_total", "Kernel log lines read.")?,
             kmsg_lost: counter(
                 r,

@@ -20,6 +20,7 @@ use crate::config::AgentConfig;
 use crate::dedup::Deduper;
 use crate::kernel_log::{self, KernelLog};
 use crate::metrics::{AgentMetrics, advance};
+use crate::privilege::{Preopened, Privileges};
 use crate::ship::{self, HttpTransport, Identity, SharedPending, Shipper, wall_ns};
 use crate::window::LogWindow;
 
@@ -202,12 +203,20 @@ fn kmsg_loop(shared: Shared, mut log: KernelLog) {
 }
 
 /// Start the kernel-log collector, or report it down.
-fn start_kmsg(cfg: &AgentConfig, shared: &Shared, boot_id: &str) -> Option<JoinHandle<()>> {
+/// `opened` is the source [`crate::privilege::preopen`] opened, if it did.
+fn start_kmsg(
+    cfg: &AgentConfig,
+    opened: Option<std::io::Result<kernel_log::KernelSource>>,
+    shared: &Shared,
+    boot_id: &str,
+) -> Option<JoinHandle<()>> {
     if !cfg.kmsg.enabled {
         return None;
     }
     let dedup = Deduper::with_max_keys(boot_id, cfg.kmsg.max_distinct_events);
-    match KernelLog::open(&cfg.kmsg.path, dedup, wall_ns()) {
+    let opened =
+        opened.unwrap_or_else(|| kernel_log::KernelSource::open(&cfg.kmsg.path, wall_ns()));
+    match opened.map(|source| KernelLog::new(source, dedup)) {
         Ok(log) => {
             shared.set_up("kmsg", true);
             tracing::info!(path = %cfg.kmsg.path.display(), "kernel log collector started");
@@ -228,8 +237,25 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> Result<(), RunError> {
+    run_preopened(cfg, Preopened::default(), shutdown, ready).await
+}
+
+/// [`run`], with the kernel log and capture socket that [`crate::privilege::preopen`]
+/// opened before the process gave up its capabilities.
+pub async fn run_preopened(
+    cfg: AgentConfig,
+    preopened: Preopened,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+) -> Result<(), RunError> {
     let registry = Registry::new();
     let metrics = Arc::new(AgentMetrics::register(&registry)?);
+    match Privileges::current() {
+        Ok(p) => metrics
+            .capabilities
+            .set(p.permitted.bits().count_ones().into()),
+        Err(e) => tracing::warn!(error = %e, "cannot read this process's capabilities"),
+    }
     let boot_id = match kernel_log::read_boot_id(&cfg.kmsg.boot_id_path) {
         Ok(b) if !b.is_empty() => b,
         Ok(_) | Err(_) => {
@@ -272,10 +298,16 @@ pub async fn run(
     let local = listener.local_addr().map_err(RunError::Serve)?;
 
     let mut threads = Vec::new();
-    threads.extend(start_kmsg(&cfg, &shared, &boot_id));
+    let Preopened { kmsg, capture } = preopened;
+    threads.extend(start_kmsg(&cfg, kmsg, &shared, &boot_id));
     threads.extend(crate::collectors::start(&cfg, &shared, &registry));
     let progress = crate::progress::Progress::default();
-    threads.extend(crate::capture::start(&cfg.capture, &shared, &progress));
+    threads.extend(crate::capture::start(
+        &cfg.capture,
+        capture,
+        &shared,
+        &progress,
+    ));
     threads.extend(crate::nccl::start(&cfg.capture, &shared, &progress));
 
     let (stop_tx, stop_rx) = watch::channel(false);
