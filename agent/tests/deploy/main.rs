@@ -746,7 +746,16 @@ fn check_lockdown(what: &str, objs: &[(Obj, Typed)]) -> usize {
                 .find(|(w, name, _)| *w == workload && *name == c.name)
             {
                 Some((_, _, allowed)) => {
-                    assert_eq!(added, *allowed, "{at}: the capabilities it may add");
+                    assert!(
+                        added.iter().all(|a| allowed.contains(a)),
+                        "{at}: adds {added:?}, more than {allowed:?}"
+                    );
+                    // Escalation only for the file capabilities.
+                    assert_eq!(
+                        sc.allow_privilege_escalation,
+                        Some(!added.is_empty()),
+                        "{at}: allowPrivilegeEscalation only with file capabilities"
+                    );
                 }
                 None => {
                     assert!(added.is_empty(), "{at}: adds capabilities {added:?}");
@@ -785,6 +794,22 @@ fn every_container_runs_locked_down_and_as_a_non_root_user() {
             .collect(),
     );
     assert_eq!(check_lockdown("the chart with options", &objs), 2);
+    // Without file capabilities the agent adds none and cannot escalate.
+    v["agent"]["fileCapabilities"] = false.into();
+    let objs = typed(
+        render(&v)
+            .iter()
+            .flat_map(|(n, t)| yaml_objects(t, n))
+            .collect(),
+    );
+    assert_eq!(
+        check_lockdown("the chart without file capabilities", &objs),
+        2
+    );
+    let (_, c) = container(&objs, "DaemonSet", "warden-agent");
+    let sc = c.security_context.as_ref().expect("security context");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert!(sc.capabilities.as_ref().is_some_and(|c| c.add.is_none()));
 }
 
 /// The container's environment as the kubelet would set it (downward API values from
