@@ -266,10 +266,21 @@ pub enum Liveness {
     Alive,
     /// Alive but stopped (SIGSTOP, a debugger): it makes no progress by itself.
     Stopped,
-    /// Dead but not yet reaped: its wait status.
-    Zombie(i32),
+    /// Dead but not yet reaped: its wait status, when the agent may read it.
+    Zombie(Option<i32>),
     /// Gone.
     Gone,
+}
+
+impl Liveness {
+    /// Exit code and terminating signal of a dead process, each when known.
+    pub fn exit_status(self) -> (Option<i32>, Option<i32>) {
+        match self {
+            Liveness::Zombie(Some(status)) if status & 0x7f != 0 => (None, Some(status & 0x7f)),
+            Liveness::Zombie(Some(status)) => (Some((status >> 8) & 0xff), None),
+            _ => (None, None),
+        }
+    }
 }
 
 /// Look a pid up in `proc_root` (normally `/proc`).
@@ -287,8 +298,14 @@ pub fn liveness(proc_root: &Path, pid: u32) -> Liveness {
     match fields.first() {
         Some(&"T") | Some(&"t") => Liveness::Stopped,
         Some(&"Z") | Some(&"X") => {
-            let status = fields.get(49).and_then(|s| s.parse().ok()).unwrap_or(0);
-            Liveness::Zombie(status)
+            // The kernel shows exit_code (field 52) only to those who may ptrace-read
+            // the process (the same user, holding every capability it holds, or
+            // CAP_SYS_PTRACE) and 0 to everyone else. wchan (field 35) has the same
+            // gate and reads 1 for any task not running (Linux 5.16 and later), so a
+            // zombie's status is believed only next to a wchan of 1.
+            let readable = fields.get(32) == Some(&"1");
+            let status = fields.get(49).and_then(|s| s.parse().ok());
+            Liveness::Zombie(if readable { status } else { None })
         }
         _ => Liveness::Alive,
     }
@@ -551,11 +568,7 @@ impl Capture {
         if m.said_exit {
             return;
         }
-        let (exit_code, signal) = match state {
-            Liveness::Zombie(status) if status & 0x7f != 0 => (None, Some(status & 0x7f)),
-            Liveness::Zombie(status) => (Some((status >> 8) & 0xff), None),
-            _ => (None, None),
-        };
+        let (exit_code, signal) = state.exit_status();
         tracing::warn!(job = %m.job, rank = m.rank, pid, ?exit_code, ?signal, "training process died without an exit report");
         self.progress.process(
             &m.job,
@@ -965,9 +978,10 @@ mod tests {
     #[test]
     fn a_vanished_process_is_an_exit_and_a_zombie_tells_its_signal() {
         // pid 7: gone; pid 8: zombie killed by SIGKILL (status 9); pid 9: said goodbye.
+        // wchan (field 35) 1: the agent may read its exit status.
         let mut zombie = "8 (python3) Z".to_owned();
-        for _ in 0..48 {
-            zombie.push_str(" 0");
+        for i in 0..48 {
+            zombie.push_str(if i == 31 { " 1" } else { " 0" });
         }
         zombie.push_str(" 9");
         let procs = fake_proc(&[(8, &zombie)]);
@@ -999,6 +1013,31 @@ mod tests {
             jobs[0].logs[0].line,
             "RuntimeError: Connection closed by peer"
         );
+    }
+
+    #[test]
+    fn a_zombie_status_the_agent_may_not_read_is_unknown_not_zero() {
+        // What a process without ptrace access to pid 8 reads: wchan and exit_code 0.
+        let stat = |wchan: &str, status: &str| {
+            let mut f = vec!["0"; 50];
+            f[0] = "Z";
+            f[32] = wchan;
+            f[49] = status;
+            format!("8 (python3) {}", f.join(" "))
+        };
+        let hidden = fake_proc(&[(8, &stat("0", "0"))]);
+        assert_eq!(liveness(hidden.path(), 8), Liveness::Zombie(None));
+        assert_eq!(Liveness::Zombie(None).exit_status(), (None, None));
+        // With access: exit(0), exit(3) and SIGKILL.
+        for (status, want) in [
+            ("0", (Some(0), None)),
+            ("768", (Some(3), None)),
+            ("9", (None, Some(9))),
+        ] {
+            let shown = fake_proc(&[(8, &stat("1", status))]);
+            let l = liveness(shown.path(), 8);
+            assert_eq!(l.exit_status(), want, "{status}: {l:?}");
+        }
     }
 
     #[test]

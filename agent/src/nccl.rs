@@ -307,11 +307,7 @@ fn look_at(
     }
     // It died between the last look and this one: halfway is the best guess.
     let at_ns = p.alive_at_ns + (now_ns - p.alive_at_ns) / 2;
-    let (exit_code, signal) = match state {
-        Liveness::Zombie(status) if status & 0x7f != 0 => (None, Some(status & 0x7f)),
-        Liveness::Zombie(status) => (Some((status >> 8) & 0xff), None),
-        _ => (None, None),
-    };
+    let (exit_code, signal) = state.exit_status();
     tracing::warn!(job = %p.job, rank = p.rank, pid, ?exit_code, ?signal, "nccl: training process died with live NCCL segments");
     // Fields added to the wire record later (a stop flag is on its way) keep defaults.
     #[allow(clippy::needless_update)]
@@ -674,10 +670,12 @@ mod tests {
         let ctx = node.open(0xac2, Some(1));
         let (mut t, p) = (node.tracker(), Progress::default());
         node.poll(&mut t, &p, 1_000);
-        // Killed by SIGKILL, not reaped yet: state Z, exit_code field 52 = 9.
+        // Killed by SIGKILL, not reaped yet: state Z, exit_code field 52 = 9, shown to
+        // the agent (wchan, field 35, reads 1).
         node.set_stat(|mut f| {
             f[0] = "Z".to_owned();
             f.resize(50, "0".to_owned());
+            f[32] = "1".to_owned();
             f[49] = "9".to_owned();
             f
         });
