@@ -671,9 +671,9 @@ pub const PID_CHECK_EVERY: Duration = Duration::from_millis(500);
 /// for every process on the node, however often they report (a message waits in its
 /// socket meanwhile, at most this long).
 pub const READ_EVERY: Duration = Duration::from_millis(20);
-/// How long the loop sleeps when nobody is connected (a new process waits in the
-/// listen backlog meanwhile).
-const IDLE_WAIT: Duration = Duration::from_millis(250);
+/// How long the loop waits for a connection when nobody is connected (a connection
+/// wakes it at once; the wait bounds how late it sees the agent stopping).
+const IDLE_WAIT: Duration = Duration::from_millis(500);
 /// Most connections at once; more are closed at once.
 const MAX_CONNECTIONS: usize = 1024;
 /// Most bytes held for one connection's unfinished message (a message is at most
@@ -776,13 +776,27 @@ pub fn serve(
             checked = Instant::now();
             capture.check_pids(wall_ns());
         }
-        std::thread::sleep(if conns.is_empty() {
-            IDLE_WAIT
+        if conns.is_empty() {
+            wait_for_connection(listener, IDLE_WAIT);
         } else {
-            READ_EVERY
-        });
+            std::thread::sleep(READ_EVERY);
+        }
     }
     Ok(())
+}
+
+/// Block until a connection is waiting on `listener` or `limit` has passed.
+fn wait_for_connection(listener: &UnixListener, limit: Duration) {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    let timeout = Timespec {
+        tv_sec: limit.as_secs() as i64,
+        tv_nsec: i64::from(limit.subsec_nanos()),
+    };
+    let mut fds = [PollFd::new(listener, PollFlags::IN)];
+    if poll(&mut fds, Some(&timeout)).is_err() {
+        // EINTR or a kernel without poll on sockets: fall back to sleeping.
+        std::thread::sleep(limit);
+    }
 }
 
 /// Start the capture thread when enabled: it binds the socket unless `bound` holds
