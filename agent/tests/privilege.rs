@@ -159,19 +159,7 @@ impl Node {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start the agent through setpriv");
-        let agent = AgentProc {
-            child,
-            port: self.port,
-        };
-        let started = Instant::now();
-        while agent.scrape().is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the agent did not start as uid {AGENT_UID} (see its log above)"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        agent
+        AgentProc::ready(child, self.port)
     }
 
     fn append_pod_log(&self, line: &str) {

@@ -30,6 +30,20 @@ pub struct AgentProc {
 }
 
 impl AgentProc {
+    /// The agent process `child`, once it serves `/metrics` on `port` (at most 30 s).
+    pub fn ready(child: Child, port: u16) -> AgentProc {
+        let agent = AgentProc { child, port };
+        let started = Instant::now();
+        while agent.scrape().is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "agent did not start (see its log above)"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        agent
+    }
+
     /// Start the agent with `config` and wait until it serves `/metrics` on `port`.
     pub fn start(config: &Path, port: u16) -> AgentProc {
         // WARDEN_AGENT_BIN runs another build of the agent (to compare two builds).
@@ -43,16 +57,7 @@ impl AgentProc {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start the agent");
-        let agent = AgentProc { child, port };
-        let started = Instant::now();
-        while agent.scrape().is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "agent did not start"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        agent
+        AgentProc::ready(child, port)
     }
 
     /// Start the agent with `config` logging at `rust_log`, its stdout and stderr read
@@ -83,15 +88,7 @@ impl AgentProc {
             let _ = err.read_to_string(&mut text);
             text + &stdout.join().unwrap_or_default()
         });
-        let agent = AgentProc { child, port };
-        let started = Instant::now();
-        while agent.scrape().is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "agent did not start"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let agent = AgentProc::ready(child, port);
         (agent, reader)
     }
 
