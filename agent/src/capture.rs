@@ -302,7 +302,8 @@ pub fn liveness(proc_root: &Path, pid: u32) -> Liveness {
             // the process (the same user, holding every capability it holds, or
             // CAP_SYS_PTRACE) and 0 to everyone else. wchan (field 35) has the same
             // gate and reads 1 for any task not running (Linux 5.16 and later), so a
-            // zombie's status is believed only next to a wchan of 1.
+            // zombie's status is believed only next to a wchan of 1. (Older kernels
+            // show an address there, 0 for a zombie: there the status stays unknown.)
             let readable = fields.get(32) == Some(&"1");
             let status = fields.get(49).and_then(|s| s.parse().ok());
             Liveness::Zombie(if readable { status } else { None })
