@@ -102,7 +102,7 @@ fn main() -> ExitCode {
         }
         Ok(before) => tracing::info!(
             dropped = ?before.permitted_names(),
-            "opened the kernel log and the capture socket, then gave up every capability"
+            "gave up every capability after opening the kernel log and the capture socket (each logs its own failure)"
         ),
         Err(e) => tracing::warn!(error = %e, "could not give up capabilities; running with them"),
     }
