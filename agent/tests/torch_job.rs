@@ -3,7 +3,8 @@
 //! per "node", on 127.0.0.1) training a small DDP model with `warden_torch`, with a
 //! process-group timeout of 120 s so that detection visibly beats PyTorch's own. Faults:
 //! SIGSTOP of one rank (hang), kill -9 of one rank (crash), NaN in one rank's loss, one
-//! rank 50% slower (straggler), and a clean run with no incident.
+//! rank 50% slower (straggler), and a clean run with no incident. Beside it, a check of
+//! `warden_torch`'s DDP hook against DDP's built-in all-reduce on two ranks.
 //!
 //! Needs Python with `torch` in `$WARDEN_VENV` (default `~/.cache/warden/venv`; the
 //! test command installs it). Under CI a missing torch is a failure; elsewhere the test
@@ -318,14 +319,54 @@ fn nodes(i: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-#[test]
-fn a_real_gloo_job_is_caught_in_the_act() {
-    let Some(py) = python() else {
+/// The tests of this file each start several torch processes: one at a time.
+static ONE_JOB_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The interpreter with torch; under CI its absence is a failure.
+fn torch_or_skip() -> Option<PathBuf> {
+    let py = python();
+    if py.is_none() {
         let msg = "torch is not installed in $WARDEN_VENV (run scripts/test, which installs it)";
         assert!(std::env::var_os("CI").is_none(), "{msg}");
         eprintln!("skipping: {msg}");
+    }
+    py
+}
+
+/// `warden_torch`'s DDP hook gives the gradients of DDP's built-in all-reduce and reports
+/// every gradient all-reduce once, start and end, on two gloo ranks
+/// (`integrations/python/tests/check_ddp_hook.py`).
+#[test]
+fn the_ddp_hook_matches_the_built_in_all_reduce_and_reports_each() {
+    let Some(py) = torch_or_skip() else {
         return;
     };
+    let _one = ONE_JOB_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let out = Command::new(&py)
+        .arg(repo().join("integrations/python/tests/check_ddp_hook.py"))
+        .env("GLOO_SOCKET_IFNAME", "lo")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("run check_ddp_hook.py");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("every all-reduce reported"), "{text}");
+}
+
+#[test]
+fn a_real_gloo_job_is_caught_in_the_act() {
+    let Some(py) = torch_or_skip() else {
+        return;
+    };
+    let _one = ONE_JOB_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cluster = Cluster::start();
     let mut report = vec![];
     let warm = Duration::from_secs(240);

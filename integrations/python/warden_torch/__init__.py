@@ -6,7 +6,7 @@ once per step. From then on every collective the process issues through
 ``torch.distributed`` (``all_reduce``, ``broadcast``, ``all_gather``, ``barrier``, ...) is
 reported when it starts and when it completes on this rank, and so are the gradient
 all-reduces of ``DistributedDataParallel`` (which registers a communication hook that
-routes them through ``torch.distributed``), for gloo and NCCL alike.
+reports them), for gloo and NCCL alike.
 
 Reports are length-prefixed messages on a Unix stream connection to the agent
 (``WARDEN_AGENT_SOCKET``, default ``/run/warden/capture.sock``), written without
@@ -108,12 +108,11 @@ class _State:
                 return
         self._send(message)
 
-    def _send(self, message):
+    def _send(self, frame):
         sock = self.sock
         if sock is None:
             self.dropped += 1
             return
-        frame = _wire.frame(message)
         with self.send_lock:
             if self.backlog:
                 if len(self.backlog) + len(frame) > _MAX_BACKLOG:
@@ -279,15 +278,57 @@ def _patch_collectives(st, dist):
                 st.patched.append((mod, fname, orig))
 
 
-def _patch_ddp(st):
-    """Route DDP's gradient all-reduces through torch.distributed, where they are seen.
+def _allreduce_hook(dist):
+    """DDP's gradient all-reduce, reported: the arithmetic of PyTorch's own
+    ``default_hooks.allreduce_hook`` (divide by the group size, sum), issued on the process
+    group directly, with the end reported from the one completion callback that hands DDP
+    its tensor. Every reported step pays for this, so it is kept lean: no
+    ``torch.distributed`` wrapper in between, one Python callback per bucket."""
 
-    A DDP model gets PyTorch's own all-reduce hook (the same arithmetic as its built-in
-    path) before its first forward, unless the program registers a hook of its own
-    first; hooks call torch.distributed, so both are reported.
+    op = _wire.OPS["all_reduce"]
+
+    def unwrap(fut):
+        return fut.value()[0]
+
+    def hook(pg, bucket):
+        tensor = bucket.buffer()
+        st = _state
+        if st is None or st.exited:
+            tensor.div_(pg.size())
+            return pg.allreduce([tensor]).get_future().then(unwrap)
+        try:
+            c = st.comms.get(pg) or _comm_of(st, dist, pg)
+            seq = next(c.seq)
+            st.send(_wire.start(st.pid, st.rank, c.id, seq, op, tensor.numel() * tensor.element_size(), time.time_ns()))
+        except Exception:
+            c = None
+        tensor.div_(pg.size())
+        fut = pg.allreduce([tensor]).get_future()
+        if c is None:
+            return fut.then(unwrap)
+
+        def done(f):
+            result = f.value()[0]  # a failed all-reduce raises to DDP, unreported
+            try:
+                st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
+            except Exception:
+                pass
+            return result
+
+        return fut.then(done)
+
+    return hook
+
+
+def _patch_ddp(st):
+    """Report DDP's gradient all-reduces, which never pass through torch.distributed.
+
+    A DDP model gets ``_allreduce_hook`` (the same arithmetic as DDP's built-in path)
+    before its first forward, unless the program registers a hook of its own first; a
+    program's hook calls torch.distributed, where it is seen.
     """
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     if getattr(DDP.forward, "_warden_wrapped", False):
         return
@@ -299,7 +340,7 @@ def _patch_ddp(st):
         if not getattr(self, "_warden_hooked", False):
             self._warden_hooked = True
             try:
-                orig_register(self, self.process_group, default_hooks.allreduce_hook)
+                orig_register(self, self.process_group, _allreduce_hook(dist))
             except Exception as e:  # a hook of the program's own, or an old torch
                 _log.debug("warden_torch: DDP hook not registered: %s", e)
         return orig_forward(self, *args, **kwargs)

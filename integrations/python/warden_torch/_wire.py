@@ -1,7 +1,10 @@
 """The capture messages the Warden agent reads (agent/src/capture.rs, docs/CAPTURE.md).
 
-Little-endian; on the stream each message follows its u16 length. A 12-byte header (b"WT", version, kind, pid u32, rank u32) and a body per
-kind. Times are CLOCK_REALTIME nanoseconds, the clock the agent stamps with.
+Little-endian; on the stream each message follows its u16 length. A 12-byte header (b"WT",
+version, kind, pid u32, rank u32) and a body per kind. Times are CLOCK_REALTIME
+nanoseconds, the clock the agent stamps with. Every function here returns the whole frame,
+length first; the fixed-size ones pack it in the same call, since they run on the training
+thread once or twice per collective.
 """
 
 import struct
@@ -30,11 +33,12 @@ OPS = {
 _HEADER = "<2sBBII"
 _HELLO = struct.Struct(_HEADER + "IiiQ")
 _COMM = struct.Struct(_HEADER + "QII")
-_START = struct.Struct(_HEADER + "QQIQq")
-_END = struct.Struct(_HEADER + "QQq")
-_STEP = struct.Struct(_HEADER + "QqIddd")
 _EXIT = struct.Struct(_HEADER + "iq")
 _LEN = struct.Struct("<H")
+# Fixed-size messages, with their length in front.
+_START = struct.Struct("<H2sBBIIQQIQq")
+_END = struct.Struct("<H2sBBIIQQq")
+_STEP = struct.Struct("<H2sBBIIQqIddd")
 
 
 def frame(message):
@@ -50,19 +54,19 @@ def _text(s, limit):
 
 
 def hello(pid, rank, world, local_rank, gpu, pidns, job):
-    return _HELLO.pack(b"WT", VERSION, HELLO, pid, rank, world, local_rank, gpu, pidns) + _text(job, 253)
+    return frame(_HELLO.pack(b"WT", VERSION, HELLO, pid, rank, world, local_rank, gpu, pidns) + _text(job, 253))
 
 
 def comm(pid, rank, comm_id, size, comm_rank, name):
-    return _COMM.pack(b"WT", VERSION, COMM, pid, rank, comm_id, size, comm_rank) + _text(name, 256)
+    return frame(_COMM.pack(b"WT", VERSION, COMM, pid, rank, comm_id, size, comm_rank) + _text(name, 256))
 
 
 def start(pid, rank, comm_id, seq, op, nbytes, at_ns):
-    return _START.pack(b"WT", VERSION, START, pid, rank, comm_id, seq, op, nbytes, at_ns)
+    return _START.pack(_START.size - 2, b"WT", VERSION, START, pid, rank, comm_id, seq, op, nbytes, at_ns)
 
 
 def end(pid, rank, comm_id, seq, at_ns):
-    return _END.pack(b"WT", VERSION, END, pid, rank, comm_id, seq, at_ns)
+    return _END.pack(_END.size - 2, b"WT", VERSION, END, pid, rank, comm_id, seq, at_ns)
 
 
 def step(pid, rank, step_no, at_ns, loss, grad_norm, tokens_per_s):
@@ -74,6 +78,7 @@ def step(pid, rank, step_no, at_ns, loss, grad_norm, tokens_per_s):
     if tokens_per_s is not None:
         flags |= 4
     return _STEP.pack(
+        _STEP.size - 2,
         b"WT",
         VERSION,
         STEP,
@@ -89,4 +94,4 @@ def step(pid, rank, step_no, at_ns, loss, grad_norm, tokens_per_s):
 
 
 def exit_(pid, rank, code, at_ns, message):
-    return _EXIT.pack(b"WT", VERSION, EXIT, pid, rank, code, at_ns) + _text(message, 4096)
+    return frame(_EXIT.pack(b"WT", VERSION, EXIT, pid, rank, code, at_ns) + _text(message, 4096))
