@@ -1,0 +1,126 @@
+"""What warden_torch costs the training thread, call by call, in one process.
+
+A gloo process group of one rank (127.0.0.1), reporting to a running Warden agent
+(``WARDEN_AGENT_SOCKET``). Each measurement alternates blocks with and without
+reporting in the same process, so that slow drift of the machine falls on both sides:
+
+- ``all_reduce``: a synchronous ``dist.all_reduce`` of one float.
+- ``all_reduce async``: ``dist.all_reduce(async_op=True)`` and ``wait()``.
+- ``step()``: ``warden_torch.step(n, loss=..., grad_norm=...)`` with one-element tensors.
+- ``DDP step``: one training step of the model in ``examples/train_ddp.py`` (forward,
+  backward with DDP's gradient all-reduce, grad-norm clip, optimizer step, ``step()``).
+  Without reporting, DDP's built-in all-reduce; with it, the hook ``warden_torch``
+  installs and the report of every collective and of the step.
+- ``DDP hook alone``: the same step with that hook but reporting off, which is what the
+  Python hook itself costs next to DDP's built-in path (the part no report can avoid).
+
+Prints the median time per call of each side over the blocks and their difference.
+
+    WARDEN_AGENT_SOCKET=/run/warden/capture.sock python benches/cost.py [--blocks 20] [--per-block 500]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import warden_torch  # noqa: E402
+
+
+def timed(fn, n):
+    t0 = time.perf_counter_ns()
+    for i in range(n):
+        fn(i)
+    return (time.perf_counter_ns() - t0) / n / 1000.0
+
+
+def compare(name, off, on, blocks, per_block, report=True):
+    """Alternate blocks of ``off`` (reporting off) and ``on`` (reporting on, unless
+    ``report`` is False)."""
+    a, b = [], []
+    for k in range(blocks):
+        for side in ((0, 1) if k % 2 == 0 else (1, 0)):
+            if side == 0:
+                warden_torch.shutdown()
+                a.append(timed(off, per_block))
+            else:
+                if report:
+                    warden_torch.init()
+                b.append(timed(on, per_block))
+    warden_torch.shutdown()
+    ma, mb = statistics.median(a), statistics.median(b)
+    print("%-18s without %8.2f us   with %8.2f us   cost %+7.2f us per call" % (name, ma, mb, mb - ma), flush=True)
+    return mb - ma
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--blocks", type=int, default=20)
+    p.add_argument("--per-block", type=int, default=500)
+    args = p.parse_args()
+    os.environ.setdefault("WARDEN_JOB", "cost-bench")
+    if not os.path.exists(os.environ.get("WARDEN_AGENT_SOCKET", warden_torch.DEFAULT_SOCKET)):
+        sys.exit("no agent socket at WARDEN_AGENT_SOCKET: start a warden-agent first")
+    store = dist.TCPStore("127.0.0.1", 0, 1, True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    torch.manual_seed(0)
+    t = torch.ones(1)
+    loss, norm = torch.tensor(0.5), torch.tensor(1.5)
+
+    def sync(i):
+        dist.all_reduce(t)
+
+    def asynchronous(i):
+        dist.all_reduce(t, async_op=True).wait()
+
+    def report(i):
+        warden_torch.step(i, loss=loss, grad_norm=norm)
+
+    # Two identical DDP models: the first runs its first forward before reporting is
+    # ever on, so it keeps DDP's built-in all-reduce; the second gets warden_torch's hook.
+    def model():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+        ddp = nn.parallel.DistributedDataParallel(m)
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+    gen = torch.Generator().manual_seed(1000)
+    x = torch.randn(16, 32, generator=gen)
+    y = x.sum(dim=1, keepdim=True)
+
+    def train_step(ddp, opt):
+        def one(i):
+            loss = nn.functional.mse_loss(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1e9)
+            opt.step()
+            warden_torch.step(i, loss=loss, grad_norm=grad_norm)
+
+        return one
+
+    plain = model()
+    train_step(*plain)(0)
+    warden_torch.init()
+    hooked = model()
+    train_step(*hooked)(0)
+    warden_torch.shutdown()
+
+    print("torch %s, Python %s, %d blocks of %d calls a side" % (
+        torch.__version__, sys.version.split()[0], args.blocks, args.per_block))
+    compare("all_reduce", sync, sync, args.blocks, args.per_block)
+    compare("all_reduce async", asynchronous, asynchronous, args.blocks, args.per_block)
+    compare("step()", report, report, args.blocks, args.per_block)
+    compare("DDP step", train_step(*plain), train_step(*hooked), args.blocks, args.per_block)
+    compare("DDP hook alone", train_step(*plain), train_step(*hooked), args.blocks, args.per_block, report=False)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
