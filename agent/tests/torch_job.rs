@@ -322,15 +322,19 @@ fn nodes(i: &Value) -> Vec<String> {
 /// The tests of this file each start several torch processes: one at a time.
 static ONE_JOB_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// The interpreter with torch; under CI its absence is a failure.
-fn torch_or_skip() -> Option<PathBuf> {
-    let py = python();
-    if py.is_none() {
+/// The interpreter with torch, and this test's turn to run torch processes; under CI
+/// a missing torch is a failure.
+fn torch_turn() -> Option<(PathBuf, std::sync::MutexGuard<'static, ()>)> {
+    let Some(py) = python() else {
         let msg = "torch is not installed in $WARDEN_VENV (run scripts/test, which installs it)";
         assert!(std::env::var_os("CI").is_none(), "{msg}");
         eprintln!("skipping: {msg}");
-    }
-    py
+        return None;
+    };
+    let turn = ONE_JOB_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    Some((py, turn))
 }
 
 /// `warden_torch`'s DDP hook gives the gradients of DDP's built-in all-reduce and reports
@@ -338,12 +342,9 @@ fn torch_or_skip() -> Option<PathBuf> {
 /// (`integrations/python/tests/check_ddp_hook.py`).
 #[test]
 fn the_ddp_hook_matches_the_built_in_all_reduce_and_reports_each() {
-    let Some(py) = torch_or_skip() else {
+    let Some((py, _turn)) = torch_turn() else {
         return;
     };
-    let _one = ONE_JOB_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let out = Command::new(&py)
         .arg(repo().join("integrations/python/tests/check_ddp_hook.py"))
         .env("GLOO_SOCKET_IFNAME", "lo")
@@ -361,12 +362,9 @@ fn the_ddp_hook_matches_the_built_in_all_reduce_and_reports_each() {
 
 #[test]
 fn a_real_gloo_job_is_caught_in_the_act() {
-    let Some(py) = torch_or_skip() else {
+    let Some((py, _turn)) = torch_turn() else {
         return;
     };
-    let _one = ONE_JOB_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cluster = Cluster::start();
     let mut report = vec![];
     let warm = Duration::from_secs(240);
