@@ -27,6 +27,10 @@ pub const XFER_RING: usize = 8;
 pub const GAP_RING: usize = 32;
 /// Per-collective maximum waits kept per communicator (for the adaptive hang bound).
 pub const WAIT_RING: usize = 64;
+/// How long after a collective first completed a member's agent must still report the
+/// member inside it for the member to count as stuck there, seconds: longer than
+/// members of a healthy collective finish apart.
+pub const PARTIAL_CONFIRM_SECS: f64 = 0.1;
 /// Clock-offset samples kept per agent.
 const OFFSET_SAMPLES: usize = 32;
 /// Node events remembered per boot for deduplication before the set is reset.
@@ -342,6 +346,17 @@ pub struct CommState {
 }
 
 impl CommState {
+    /// Whether member `m` is still inside the collective this communicator completed
+    /// last, which completed on other members: its agent said it was inside in a batch
+    /// cut more than [`PARTIAL_CONFIRM_SECS`] after the first completion. An agent
+    /// stops saying so once the member completes, so a lost completion record ages out
+    /// of this instead of looking like a wait.
+    pub fn partially_completed(&self, m: &Member) -> bool {
+        m.last_started_seq == self.max_completed_seq
+            && m.last_completed_seq < m.last_started_seq
+            && m.inflight_seen > self.max_completed_at.plus_secs(PARTIAL_CONFIRM_SECS)
+    }
+
     fn new(id: CommId) -> Self {
         CommState {
             id,
@@ -483,10 +498,13 @@ impl JobState {
         self.comm_index.get(&id).map(|&i| &self.comms[i as usize])
     }
 
-    /// Whether rank `r` is inside a collective that its communicator has not completed
-    /// (it is blocked there), as opposed to computing or idle. A rank does one thing at a
-    /// time: an in-flight record older than the rank's latest completion is stale (its
-    /// completion was lost), not a wait.
+    /// Whether rank `r` is inside a collective that has not completed on it (it is
+    /// blocked there), as opposed to computing or idle. A rank does one thing at a time:
+    /// an in-flight record older than the rank's latest completion is stale (its
+    /// completion was lost), not a wait. A collective can complete on some members and
+    /// not on others (a ring whose member stopped halfway through): a member inside a
+    /// sequence number that others completed is blocked there only while its agent
+    /// keeps saying so after they did (see [`JobState::partially_completed`]).
     pub fn blocked_in(&self, r: u32) -> Option<(u32, u64)> {
         let rank = self.ranks.get(r as usize)?;
         let progress = self.last_progress(r);
@@ -494,9 +512,9 @@ impl JobState {
             let c = &self.comms[ci as usize];
             let m = &c.members[s as usize];
             (m.last_started_seq > m.last_completed_seq
-                && m.last_started_seq > c.max_completed_seq
-                && m.last_started_at >= progress)
-                .then_some((ci, m.last_started_seq))
+                && m.last_started_at >= progress
+                && (m.last_started_seq > c.max_completed_seq || c.partially_completed(m)))
+            .then_some((ci, m.last_started_seq))
         })
     }
 

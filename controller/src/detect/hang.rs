@@ -3,7 +3,10 @@
 //! The culprit is the member the waiters wait for that is itself waiting for nobody:
 //! following "waits for" edges through stalled communicators ends at ranks that are not
 //! inside any collective. Checkpoint and evaluation pauses never trip it, because then
-//! nobody is inside a collective.
+//! nobody is inside a collective. A collective can complete on some members and not on
+//! others (a ring member stopped halfway through): when the chain ends inside such a
+//! collective, the culprit is a stopped process among the members stuck there, else
+//! the stuck members are named as suspects.
 
 use warden_model::wire::CollOp;
 use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
@@ -222,8 +225,10 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         .count();
 
     if culprits.is_empty() && stalls.iter().any(|s| !s.missing.is_empty()) {
-        // Someone is late but not (yet) away long enough to be called hung.
-        return vec![];
+        // Those the waiters wait for may be stuck inside an earlier collective that
+        // completed on other members; otherwise someone is late but not (yet) away long
+        // enough to be called hung.
+        return partial(w, &stalls).into_iter().collect();
     }
     if culprits.is_empty() {
         // Everyone entered, nobody finished: the fault is inside the collective (a GPU
@@ -244,35 +249,13 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             .collect();
         stopped.sort_unstable();
         if !stopped.is_empty() {
-            let culprits: Vec<u32> = stopped.iter().map(|&(r, _)| r).collect();
-            let (nodes, _) = w.places(&culprits);
-            let who = if culprits.len() == 1 {
-                w.describe_rank(culprits[0])
-            } else {
-                format!("ranks {}", list(&culprits))
-            };
-            let since = stopped.iter().map(|&(_, t)| t).min().unwrap_or(s.oldest);
-            return vec![Verdict::Finding(Finding {
-                kind: IncidentKind::Hang,
-                job: Some(job.name.clone()),
-                ranks: culprits,
-                nodes,
-                gpus: vec![],
-                onset: s.oldest.min(since),
-                confidence: 0.95,
-                severity: Severity::Critical,
-                summary: format!(
-                    "{who} is stopped (SIGSTOP or a debugger) inside {op} seq {} of {}; \
-                     the other {} members wait in it",
-                    s.seq,
-                    s.comm.label(),
-                    s.waiting.saturating_sub(stopped.len())
-                ),
-                evidence: vec![Evidence {
-                    at: since,
-                    text: format!("{who}: process state stopped, reported by its node's agent"),
-                }],
-            })];
+            let what = format!(
+                "inside {op} seq {} of {}; the other {} members wait in it",
+                s.seq,
+                s.comm.label(),
+                s.waiting.saturating_sub(stopped.len())
+            );
+            return vec![held_by_stopped(w, &stopped, s.oldest, &what)];
         }
         let (nodes, _) = w.places(&ranks);
         return vec![Verdict::Finding(Finding {
@@ -383,6 +366,125 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         summary,
         evidence,
     })]
+}
+
+/// A hang held by stopped processes (SIGSTOP, a debugger), `(rank, stopped since)`:
+/// they are its culprits. `what` says where they stopped.
+fn held_by_stopped(
+    w: Window<'_>,
+    stopped: &[(u32, Timestamp)],
+    onset: Timestamp,
+    what: &str,
+) -> Verdict {
+    let culprits: Vec<u32> = stopped.iter().map(|&(r, _)| r).collect();
+    let (nodes, _) = w.places(&culprits);
+    let who = if culprits.len() == 1 {
+        w.describe_rank(culprits[0])
+    } else {
+        format!("ranks {}", list(&culprits))
+    };
+    let since = stopped.iter().map(|&(_, t)| t).min().unwrap_or(onset);
+    Verdict::Finding(Finding {
+        kind: IncidentKind::Hang,
+        job: Some(w.job.name.clone()),
+        ranks: culprits,
+        nodes,
+        gpus: vec![],
+        onset: onset.min(since),
+        confidence: 0.95,
+        severity: Severity::Critical,
+        summary: format!("{who} is stopped (SIGSTOP or a debugger) {what}"),
+        evidence: vec![Evidence {
+            at: since,
+            text: format!("{who}: process state stopped, reported by its node's agent"),
+        }],
+    })
+}
+
+/// Every member the stalls miss is blocked, and some inside a collective that
+/// completed on other members of its communicator (a ring member that stopped halfway
+/// through holds the members downstream of it there, while those upstream finish and
+/// move on to wait in the next one). The hang is inside that collective: its culprit
+/// is a stopped process among the members stuck there, else one of them.
+fn partial(w: Window<'_>, stalls: &[Stall<'_>]) -> Option<Verdict> {
+    let job = w.job;
+    let mut inside = None;
+    for &r in stalls.iter().flat_map(|s| &s.missing) {
+        // A missing member that is not blocked anywhere is merely late.
+        let (ci, seq) = job.blocked_in(r)?;
+        if seq == job.comms[ci as usize].max_completed_seq {
+            inside = Some(inside.map_or((seq, ci), |first: (u64, u32)| first.min((seq, ci))));
+        }
+    }
+    let (seq, ci) = inside?;
+    let c = &job.comms[ci as usize];
+    let alive = |r: u32| job.ranks.get(r as usize).is_some_and(|x| x.alive());
+    let stuck: Vec<&crate::state::Member> = c
+        .members
+        .iter()
+        .filter(|m| alive(m.rank) && c.partially_completed(m))
+        .collect();
+    let done = c
+        .members
+        .iter()
+        .filter(|m| m.last_completed_seq >= seq)
+        .count();
+    let onset = stuck
+        .iter()
+        .map(|m| m.last_started_at)
+        .min()
+        .unwrap_or(c.max_completed_at);
+    let op = CollOp::from_wire(c.op).as_str();
+    let mut stopped: Vec<(u32, Timestamp)> = stuck
+        .iter()
+        .filter_map(|m| Some((m.rank, job.ranks.get(m.rank as usize)?.stopped_since?)))
+        .collect();
+    stopped.sort_unstable();
+    if !stopped.is_empty() {
+        let what = format!(
+            "inside {op} seq {seq} of {}, which {done} members completed; {} members are \
+             stuck in it and the others wait for them",
+            c.label(),
+            stuck.len()
+        );
+        return Some(held_by_stopped(w, &stopped, onset, &what));
+    }
+    let mut ranks: Vec<u32> = stuck.iter().map(|m| m.rank).collect();
+    ranks.sort_unstable();
+    let (nodes, gpus) = w.places(&ranks);
+    let evidence = stuck
+        .iter()
+        .take(4)
+        .map(|m| Evidence {
+            at: m.last_started_at,
+            text: format!(
+                "{} entered seq {seq} of {} and its agent still reports it inside",
+                w.describe_rank(m.rank),
+                c.label()
+            ),
+        })
+        .chain(std::iter::once(Evidence {
+            at: c.max_completed_at,
+            text: format!("{done} of {} members completed seq {seq}", c.members.len()),
+        }))
+        .collect();
+    Some(Verdict::Finding(Finding {
+        kind: IncidentKind::Hang,
+        job: Some(job.name.clone()),
+        summary: format!(
+            "ranks {} entered {op} seq {seq} of {} and never completed it, which {done} \
+             other members did: the fault is among them or their links",
+            list(&ranks),
+            c.label()
+        ),
+        confidence: (0.9 / ranks.len().max(1) as f64).max(0.3),
+        ranks,
+        nodes,
+        gpus,
+        onset,
+        severity: Severity::Critical,
+        evidence,
+    }))
 }
 
 /// "1, 2, 3" (at most 8, then "and N more").

@@ -433,6 +433,89 @@ fn hang_with_everyone_inside_names_a_stopped_process() {
     assert!(f[0].ranks.is_empty(), "{f:?}");
 }
 
+/// Eight ranks enter seq 10; it completes on ranks 0 and 1 only, which enter seq 11 and
+/// wait there, while ranks 2..=7 stay inside seq 10 (a ring whose member stopped
+/// halfway through).
+fn completed_on_two_of_eight() -> Job {
+    let mut j = steady(8);
+    for r in 0..8 {
+        j.coll(7, r, 10, 10.0, None);
+    }
+    for r in 0..2 {
+        j.coll(7, r, 10, 10.0, Some(10.05));
+        j.coll(7, r, 11, 10.1, None);
+    }
+    j
+}
+
+#[test]
+fn hang_inside_a_collective_that_completed_on_some_names_the_stopped_process() {
+    let mut j = completed_on_two_of_eight();
+    j.send(
+        j.node_of(5),
+        10.3,
+        JobSignals {
+            job: "j".into(),
+            processes: vec![ProcessState {
+                rank: 5,
+                pid: 105,
+                at_ns: ns(10.3),
+                alive: true,
+                exit_code: None,
+                signal: None,
+                stopped: true,
+            }],
+            ..Default::default()
+        },
+        vec![],
+    );
+    j.heartbeats(10.5);
+    check(&j, IncidentKind::Hang, 10.5, None); // within the bound
+    j.heartbeats(12.0);
+    let f = j.findings(IncidentKind::Hang, 12.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].ranks, [5], "{}", f[0].summary);
+    assert!(f[0].confidence > 0.9);
+    assert!(
+        f[0].summary.contains("stopped") && f[0].summary.contains("seq 10"),
+        "{}",
+        f[0].summary
+    );
+}
+
+#[test]
+fn hang_inside_a_collective_that_completed_on_some_names_those_stuck_in_it() {
+    let mut j = completed_on_two_of_eight();
+    j.heartbeats(12.0);
+    let f = j.findings(IncidentKind::Hang, 12.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].ranks, [2, 3, 4, 5, 6, 7], "{}", f[0].summary);
+    assert!(f[0].confidence < 0.5);
+    assert!(
+        f[0].summary
+            .contains("never completed it, which 2 other members did"),
+        "{}",
+        f[0].summary
+    );
+}
+
+#[test]
+fn a_lost_completion_is_not_taken_for_a_member_stuck_inside() {
+    // Seq 10 completed everywhere, but rank 3's completion record was lost (its agent
+    // no longer reports it inside); ranks 0..=2 wait in seq 11, rank 3 never comes.
+    let mut j = steady(4);
+    for r in 0..4 {
+        j.coll(7, r, 10, 10.0, None);
+    }
+    for r in 0..3 {
+        j.coll(7, r, 10, 10.0, Some(10.05));
+        j.coll(7, r, 11, 10.1, None);
+    }
+    j.in_flight.retain(|e| e.rank != 3);
+    j.heartbeats(12.0);
+    check(&j, IncidentKind::Hang, 12.0, Some(&[3]));
+}
+
 #[test]
 fn hang_ignores_a_dead_rank() {
     let mut j = steady(8);
