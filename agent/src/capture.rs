@@ -331,6 +331,8 @@ struct Member {
     stopped: bool,
     /// Its pid is in the agent's pid namespace, so `/proc` tells about it.
     pid_visible: bool,
+    /// When its connection closed without a goodbye while it still looked alive.
+    hung_up_at_ns: Option<i64>,
 }
 
 /// The receiving end: turns datagrams into progress and watches the senders' pids.
@@ -395,6 +397,7 @@ impl Capture {
                     said_exit: false,
                     stopped: false,
                     pid_visible: *pidns != 0 && Some(*pidns) == self.own_pidns,
+                    hung_up_at_ns: None,
                 },
             );
             self.progress.rank(
@@ -526,9 +529,10 @@ impl Capture {
         kind
     }
 
-    /// The process `pid` closed its connection. Without an exit message first that is
-    /// its death (the kernel closes a dying process's sockets): it is reported at once,
-    /// with its wait status when the kernel still holds it. A process that closed the
+    /// The process `pid` closed its connection, seen at `now_ns`. Without an exit
+    /// message first that is its death (the kernel closes a dying process's sockets):
+    /// it is reported at once, at `now_ns`, with its wait status when the kernel still
+    /// holds it. A process that closed the
     /// connection and lives on is left to the pid checks.
     pub fn hung_up(&mut self, pid: u32, now_ns: i64) {
         let Some(m) = self.members.get(&pid) else {
@@ -554,10 +558,11 @@ impl Capture {
             state = liveness(&self.proc_root, pid);
         }
         if matches!(state, Liveness::Alive | Liveness::Stopped) {
+            // Still exiting (a loaded machine), or it lives on: the pid checks decide.
+            if let Some(m) = self.members.get_mut(&pid) {
+                m.hung_up_at_ns = Some(now_ns);
+            }
             return;
-        }
-        if let Some(m) = self.members.get_mut(&pid) {
-            m.alive_at_ns = now_ns;
         }
         self.report_gone(pid, state, now_ns);
     }
@@ -625,8 +630,14 @@ impl Capture {
             let Some(m) = self.members.get(&pid) else {
                 continue;
             };
-            // It died between the last look and this one: halfway is the best guess.
-            let at_ns = m.alive_at_ns + (now_ns - m.alive_at_ns) / 2;
+            // It died between the last look and this one. A hang-up after the last look
+            // is when it died (the kernel closes a dying process's sockets); without
+            // one, halfway is the best guess. (Two deaths stamped halfway between the
+            // same looks would tie, and a crash's culprit is the first to die.)
+            let at_ns = match m.hung_up_at_ns {
+                Some(t) if t >= m.alive_at_ns => t,
+                _ => m.alive_at_ns + (now_ns - m.alive_at_ns) / 2,
+            };
             self.report_gone(pid, state, at_ns);
         }
     }
@@ -766,34 +777,54 @@ pub fn serve(
                 Err(e) => return Err(e),
             }
         }
+        // Every hang-up this pass sees gets the pass's time: their order within it is
+        // unknown, and stamping each as it is reached would invent one (a crash's
+        // culprit is the first to die). They are handled once every connection has
+        // been read, so that the wait for a zombie in one cannot make a later death
+        // look as early as it.
+        let seen_at = wall_ns();
+        let mut closed = vec![];
         conns.retain_mut(|c| {
             let open = c.pump(capture, &mut chunk, on_message);
             if !open && let Some(pid) = c.pid {
-                capture.hung_up(pid, wall_ns());
+                closed.push(pid);
             }
             open
         });
+        for pid in closed {
+            capture.hung_up(pid, seen_at);
+        }
         if checked.elapsed() >= PID_CHECK_EVERY {
             checked = Instant::now();
             capture.check_pids(wall_ns());
         }
-        if conns.is_empty() {
-            wait_for_connection(listener, IDLE_WAIT);
+        let limit = if conns.is_empty() {
+            IDLE_WAIT
         } else {
-            std::thread::sleep(READ_EVERY);
-        }
+            READ_EVERY
+        };
+        wait_for_news(listener, &conns, limit);
     }
     Ok(())
 }
 
-/// Block until a connection is waiting on `listener` or `limit` has passed.
-fn wait_for_connection(listener: &UnixListener, limit: Duration) {
+/// Block until a connection is waiting on `listener`, a connected process hangs up,
+/// or `limit` has passed. Messages do not wake it (they wait for the next tick), but a
+/// hang-up does: a death is stamped within a scheduling delay of the socket closing,
+/// so two deaths a few milliseconds apart are told apart.
+fn wait_for_news(listener: &UnixListener, conns: &[Connection], limit: Duration) {
     use rustix::event::{PollFd, PollFlags, Timespec, poll};
     let timeout = Timespec {
         tv_sec: limit.as_secs() as i64,
         tv_nsec: i64::from(limit.subsec_nanos()),
     };
-    let mut fds = [PollFd::new(listener, PollFlags::IN)];
+    let mut fds = Vec::with_capacity(conns.len() + 1);
+    fds.push(PollFd::new(listener, PollFlags::IN));
+    fds.extend(
+        conns
+            .iter()
+            .map(|c| PollFd::new(&c.stream, PollFlags::RDHUP)),
+    );
     if poll(&mut fds, Some(&timeout)).is_err() {
         // EINTR or a kernel without poll on sockets: fall back to sleeping.
         std::thread::sleep(limit);
@@ -1031,6 +1062,46 @@ mod tests {
     }
 
     #[test]
+    fn a_death_the_pid_checks_find_after_a_hang_up_is_dated_by_the_hang_up() {
+        // Each hangs up while /proc still shows it running (an exit still under way on
+        // a loaded machine); the pid checks find 7 and 8 gone at the next look, 9 still
+        // alive, and gone only at the look after.
+        let running = |pid: u32| format!("{pid} (python3) R{}", " 0".repeat(49));
+        let procs = fake_proc(&[(7, &running(7)), (8, &running(8)), (9, &running(9))]);
+        let progress = Progress::default();
+        let mut cap = Capture::new(progress.clone(), procs.path());
+        for (pid, rank) in [(7, 0), (8, 1), (9, 2)] {
+            cap.handle(&hello(pid, rank, "j"), 1_000);
+        }
+        cap.hung_up(7, 2_000);
+        cap.hung_up(8, 2_500);
+        cap.hung_up(9, 2_000);
+        assert_eq!(cap.ranks(), 3, "alive at the hang-up: not reported yet");
+        for pid in [7, 8] {
+            std::fs::remove_dir_all(procs.path().join(pid.to_string())).expect("rm");
+        }
+        cap.check_pids(2_800);
+        std::fs::remove_dir_all(procs.path().join("9")).expect("rm");
+        cap.check_pids(3_000);
+        let mut pending = Pending::default();
+        progress.flush(4_000, &mut pending);
+        let jobs = pending.take_jobs();
+        let at = |r| {
+            jobs[0]
+                .processes
+                .iter()
+                .find(|p| p.rank == r && !p.alive)
+                .map(|p| p.at_ns)
+        };
+        // 7 and 8 died at their hang-ups, in that order, not together halfway between
+        // two looks; 9 lived past its hang-up, so halfway it is.
+        assert_eq!(
+            (at(0), at(1), at(2)),
+            (Some(2_000), Some(2_500), Some(2_900))
+        );
+    }
+
+    #[test]
     fn a_zombie_status_the_agent_may_not_read_is_unknown_not_zero() {
         // What a process without ptrace access to pid 8 reads: wchan and exit_code 0.
         let stat = |wchan: &str, status: &str| {
@@ -1172,5 +1243,37 @@ mod tests {
         let file = dir.path().join("plain");
         std::fs::write(&file, "x").expect("file");
         assert!(bind(&file).is_err(), "a regular file is never removed");
+    }
+
+    #[test]
+    fn a_hang_up_wakes_the_reader_and_a_message_does_not() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("capture.sock");
+        let listener = bind(&path).expect("bind");
+        let mut client = UnixStream::connect(&path).expect("connect");
+        let (stream, _) = listener.accept().expect("accept");
+        let conns = [Connection {
+            stream,
+            buf: Vec::new(),
+            pid: None,
+        }];
+
+        client.write_all(b"\x01\x00x").expect("write");
+        let waited = Instant::now();
+        wait_for_news(&listener, &conns, Duration::from_millis(300));
+        assert!(
+            waited.elapsed() >= Duration::from_millis(250),
+            "a message woke the reader after {:?}",
+            waited.elapsed()
+        );
+
+        drop(client);
+        let waited = Instant::now();
+        wait_for_news(&listener, &conns, Duration::from_secs(30));
+        assert!(
+            waited.elapsed() < Duration::from_secs(20),
+            "a hang-up did not wake the reader"
+        );
     }
 }
