@@ -532,8 +532,8 @@ impl Capture {
     /// The process `pid` closed its connection, seen at `now_ns`. Without an exit
     /// message first that is its death (the kernel closes a dying process's sockets):
     /// it is reported at once, at `now_ns`, with its wait status when the kernel still
-    /// holds it. A process that closed the
-    /// connection and lives on is left to the pid checks.
+    /// holds it. A process that still looks alive is left to the pid checks, which date
+    /// its death by this hang-up if they find it gone at their next look.
     pub fn hung_up(&mut self, pid: u32, now_ns: i64) {
         let Some(m) = self.members.get(&pid) else {
             return;
