@@ -504,7 +504,7 @@ impl JobState {
     /// completion was lost), not a wait. A collective can complete on some members and
     /// not on others (a ring whose member stopped halfway through): a member inside a
     /// sequence number that others completed is blocked there only while its agent
-    /// keeps saying so after they did (see [`JobState::partially_completed`]).
+    /// keeps saying so after they did (see [`CommState::partially_completed`]).
     pub fn blocked_in(&self, r: u32) -> Option<(u32, u64)> {
         let rank = self.ranks.get(r as usize)?;
         let progress = self.last_progress(r);

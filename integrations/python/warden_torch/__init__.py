@@ -293,15 +293,14 @@ def _allreduce_hook(dist):
     def hook(pg, bucket):
         tensor = bucket.buffer()
         st = _state
-        if st is None or st.exited:
-            tensor.div_(pg.size())
-            return pg.allreduce([tensor]).get_future().then(unwrap)
-        try:
-            c = st.comms.get(pg) or _comm_of(st, dist, pg)
-            seq = next(c.seq)
-            st.send(_wire.start(st.pid, st.rank, c.id, seq, op, tensor.numel() * tensor.element_size(), time.time_ns()))
-        except Exception:
-            c = None
+        c = None
+        if st is not None and not st.exited:
+            try:
+                c = st.comms.get(pg) or _comm_of(st, dist, pg)
+                seq = next(c.seq)
+                st.send(_wire.start(st.pid, st.rank, c.id, seq, op, tensor.numel() * tensor.element_size(), time.time_ns()))
+            except Exception:
+                c = None
         tensor.div_(pg.size())
         fut = pg.allreduce([tensor]).get_future()
         if c is None:
