@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use warden_model::wire::{Batch, EventSeverity, NodeEventKind};
+use warden_testkit::PATIENCE;
 
 #[path = "fake_nvml/mod.rs"]
 mod fake_nvml;
@@ -60,16 +61,13 @@ fn fake_gpus_are_exported_and_shipped() {
     let cfg = config(dir.path(), node.lib_path(), agent_port, controller_port);
     let mut agent = AgentProc::start(&cfg, agent_port);
 
-    // Eight GPUs sampled and shipped.
-    assert!(
-        sink.wait_for(Duration::from_secs(20), |b| {
-            b.iter().any(|b| {
-                b.gpus.len() >= 8 && b.gpus.iter().any(|g| g.index == 5 && g.temp_c == 66.0)
-            })
-        }),
-        "no batch with the 8 GPU samples"
-    );
-    let m = agent.scrape().expect("metrics");
+    // Eight GPUs sampled and shipped. The collector sets its gauges before it queues
+    // the samples, so the metrics already show what was shipped.
+    sink.wait_for("a batch with the 8 GPU samples", |b| {
+        b.iter()
+            .any(|b| b.gpus.len() >= 8 && b.gpus.iter().any(|g| g.index == 5 && g.temp_c == 66.0))
+    });
+    let m = agent.metrics();
     assert_eq!(
         metric(&m, "warden_agent_collector_up{collector=\"nvml\"}"),
         Some(1.0),
@@ -89,15 +87,11 @@ fn fake_gpus_are_exported_and_shipped() {
     node.set("event.1", "gpu:3,xid:79");
     node.set("gpu.2.ecc_unc_vol", 4);
     node.set("gpu.5.temp", 95);
-    assert!(
-        sink.wait_for(Duration::from_secs(20), |b| {
-            !events(b, NodeEventKind::Xid).is_empty()
-                && !events(b, NodeEventKind::Ecc).is_empty()
-                && !events(b, NodeEventKind::Thermal).is_empty()
-        }),
-        "fault events not shipped"
-    );
-    let got = sink.got.lock().expect("lock").clone();
+    let got = sink.wait_for("the XID, ECC and thermal events", |b| {
+        !events(b, NodeEventKind::Xid).is_empty()
+            && !events(b, NodeEventKind::Ecc).is_empty()
+            && !events(b, NodeEventKind::Thermal).is_empty()
+    });
     let xid = &events(&got, NodeEventKind::Xid)[0];
     assert_eq!((xid.code, xid.gpu_index), (Some(79), Some(3)));
     assert_eq!(xid.severity, EventSeverity::Fatal as i32);
@@ -114,7 +108,8 @@ fn fake_gpus_are_exported_and_shipped() {
             .all(|b| b.node == "gpu-node-3" && b.boot_id == "boot-7")
     );
 
-    let m = agent.scrape().expect("metrics");
+    // Events are counted before they are queued: the counters include what was shipped.
+    let m = agent.metrics();
     assert_eq!(
         metric(&m, "warden_gpu_xid_errors_total{code=\"79\",gpu=\"3\"}"),
         None,
@@ -141,14 +136,15 @@ fn without_a_driver_the_agent_reports_nvml_down_and_carries_on() {
     let missing = dir.path().join("no/libnvidia-ml.so.1");
     let cfg = config(dir.path(), &missing, agent_port, controller_port);
     let mut agent = AgentProc::start(&cfg, agent_port);
-    assert!(
-        sink.wait_for(Duration::from_secs(20), |b| b.iter().any(|b| b
-            .heartbeat
-            .as_ref()
-            .is_some_and(|h| h.collectors_down == ["nvml"]))),
-        "heartbeat does not report nvml down"
-    );
-    let m = agent.scrape().expect("metrics");
+    // A collector's metric is set before it joins the list the heartbeat carries.
+    sink.wait_for("a heartbeat reporting nvml down", |b| {
+        b.iter().any(|b| {
+            b.heartbeat
+                .as_ref()
+                .is_some_and(|h| h.collectors_down == ["nvml"])
+        })
+    });
+    let m = agent.metrics();
     assert_eq!(
         metric(&m, "warden_agent_collector_up{collector=\"nvml\"}"),
         Some(0.0)
@@ -191,27 +187,20 @@ Traceback (most recent call last):
 RuntimeError: CUDA error: an illegal memory access was encountered
 ";
     std::fs::write(logs.join("rank_3.log"), body).expect("log");
-    assert!(
-        sink.wait_for(Duration::from_secs(20), |b| {
-            let jobs = || {
-                b.iter()
-                    .flat_map(|b| b.jobs.iter())
-                    .filter(|j| j.job == "llama-70b")
-            };
-            jobs().map(|j| j.metrics.len()).sum::<usize>() >= 2
-                && jobs()
-                    .flat_map(|j| j.logs.iter())
-                    .any(|l| l.line.starts_with("Traceback"))
-        }),
-        "metrics and the traceback not shipped: {:?}",
-        sink.got
-            .lock()
-            .expect("lock")
-            .iter()
-            .flat_map(|b| b.jobs.clone())
-            .collect::<Vec<_>>()
-    );
-    let got = sink.got.lock().expect("lock").clone();
+    // The collector handles the lines in order and holds the window's lock for the
+    // whole poll: once the traceback is shipped, both metrics are counted, and a window
+    // query sees every line up to it.
+    let got = sink.wait_for("the two metrics and the traceback", |b| {
+        let jobs = || {
+            b.iter()
+                .flat_map(|b| b.jobs.iter())
+                .filter(|j| j.job == "llama-70b")
+        };
+        jobs().map(|j| j.metrics.len()).sum::<usize>() >= 2
+            && jobs()
+                .flat_map(|j| j.logs.iter())
+                .any(|l| l.line.starts_with("Traceback"))
+    });
     let job: Vec<_> = got
         .iter()
         .flat_map(|b| b.jobs.iter())
@@ -251,7 +240,7 @@ RuntimeError: CUDA error: an illegal memory access was encountered
     .expect("log window");
     assert!(window.contains("saving nothing in particular"), "{window}");
     assert!(window.contains("illegal memory access"), "{window}");
-    let m = agent.scrape().expect("metrics");
+    let m = agent.metrics();
     assert_eq!(
         metric(&m, "warden_agent_log_metrics_total"),
         Some(2.0),
@@ -363,19 +352,31 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 5 ha
             agent_url: url.clone(),
             ..DiagnosisConfig::default()
         };
-        let source = Arc::new(HttpLogSource::new(&url, None, Duration::from_secs(2)));
+        // A pull that times out reads nothing from the node: allow a loaded agent
+        // time to answer (an agent that cannot be reached refuses at once).
+        let source = Arc::new(HttpLogSource::new(&url, None, Duration::from_secs(30)));
         Diagnoser::new(config, rules.clone(), source, None)
     };
 
-    // Wait until the agent holds both files' lines, then diagnose from its window.
+    // Wait until the agent's window holds both files' lines, the traceback flushed
+    // whole, so that the diagnosis from it names the failure and its rank.
     let live = diagnoser(format!("http://127.0.0.1:{agent_port}"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let d = loop {
+    let mut last = None;
+    let found = warden_testkit::poll(PATIENCE, || {
         let d = runtime.block_on(live.diagnose(&request(vec![]), None));
-        if d.lines_read >= 3 || std::time::Instant::now() > deadline {
-            break d;
+        let complete = d.lines_read >= 3
+            && d.category.as_deref() == Some("gpu_oom")
+            && d.evidence
+                .iter()
+                .any(|e| e.text.contains("CUDA out of memory") && e.rank == Some(5));
+        if complete {
+            return Some(d);
         }
-        std::thread::sleep(Duration::from_millis(200));
+        last = Some(d);
+        None
+    });
+    let Some(d) = found else {
+        panic!("the diagnosis never read both files from the agent's window: {last:#?}");
     };
     assert_eq!(d.category.as_deref(), Some("gpu_oom"), "{d:#?}");
     assert_eq!(d.nodes_read, vec!["gpu-node-3".to_owned()]);
@@ -414,4 +415,87 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 5 ha
     assert_eq!(d.nodes_read, vec!["gpu-node-3".to_owned()]);
     assert_eq!(d.lines_read, window_lines + 1, "{d:#?}");
     assert!(d.evidence.iter().any(|e| e.text == xid), "{d:#?}");
+}
+
+/// Whatever the controller has received, the agent's metrics already count: the
+/// kernel-log collector counts a line, its XID and its event before it queues the
+/// event. The tests above wait for a batch and then read counters; this order is what
+/// makes that safe.
+#[test]
+fn what_is_shipped_is_already_counted_in_the_metrics() {
+    use std::io::Write;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let controller = free_port();
+    let sink = Sink::start(controller);
+    let (cfg, port) = support::agent_config(
+        dir.path(),
+        "count-node",
+        &format!("http://127.0.0.1:{controller}"),
+        "",
+    );
+    let kern = dir.path().join("count-node").join("kern.log");
+    let agent = AgentProc::start(&cfg, port);
+    let sum = |m: &str, prefix: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    for (i, code) in [13u32, 31, 48, 79].into_iter().enumerate() {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&kern)
+            .expect("kernel log");
+        writeln!(
+            f,
+            "[ {}.000001] NVRM: Xid (PCI:0000:3b:00): {code}, pid=4242, name=python3, fault {i}",
+            100 + i
+        )
+        .expect("append");
+        drop(f);
+        let n = i + 1;
+        let got = sink.wait_for(&format!("{n} XID events"), |b| {
+            events(b, NodeEventKind::Xid).len() >= n
+        });
+        let shipped = events(&got, NodeEventKind::Xid)
+            .iter()
+            .filter(|e| e.count == 1)
+            .count() as f64;
+        let m = agent.metrics();
+        assert!(
+            sum(&m, "warden_node_events_total{kind=\"xid\"") >= shipped,
+            "{shipped} XID events shipped:\n{m}"
+        );
+        assert!(
+            sum(&m, "warden_gpu_xid_errors_total{") >= shipped,
+            "{shipped} XID events shipped:\n{m}"
+        );
+        assert!(
+            metric(&m, "warden_agent_kmsg_lines_total").unwrap_or(0.0) >= n as f64,
+            "{n} lines written:\n{m}"
+        );
+    }
+}
+
+/// A wait for the agent to serve ends as soon as its process exits, naming the exit
+/// status, rather than running out its whole deadline.
+#[test]
+fn a_wait_for_the_agent_ends_when_the_agent_exits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let cfg = dir.path().join("bad.yaml");
+    std::fs::write(
+        &cfg,
+        format!("listen: 127.0.0.1:{port}\ncontroller:\n  flush_interval_ms: 5\n"),
+    )
+    .expect("config");
+    let started = std::time::Instant::now();
+    let failed = std::panic::catch_unwind(|| AgentProc::start(&cfg, port))
+        .err()
+        .expect("the wait for an agent that exited fails");
+    let msg = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("exited"), "{msg}");
+    assert!(msg.contains("64"), "the exit status is named: {msg}");
+    eprintln!("the wait ended {:?} after the start", started.elapsed());
 }

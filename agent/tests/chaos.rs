@@ -5,11 +5,12 @@
 //! line counted.
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 mod support;
 use support::{AgentProc, Sink, agent_config, free_port, metric, status_kib};
-use warden_model::wire::NodeEventKind;
+use warden_model::wire::{Batch, NodeEventKind};
+use warden_testkit::{PATIENCE, wait_until};
 
 /// Lines in the flood.
 const LINES: u64 = 1_000_000;
@@ -33,6 +34,25 @@ fn cpu_secs(pid: u32) -> f64 {
     let ticks: u64 =
         fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     ticks as f64 / clock_ticks() as f64
+}
+
+/// The XID counters of `/metrics` text, summed over codes and GPUs.
+fn xid_total(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("warden_gpu_xid_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The distinct (PCI address, code) pairs of the XID events in `batches`.
+fn distinct_xids(batches: &[Batch]) -> std::collections::BTreeSet<(String, Option<u32>)> {
+    batches
+        .iter()
+        .flat_map(|b| b.events.iter())
+        .filter(|e| NodeEventKind::from_wire(e.kind) == NodeEventKind::Xid)
+        .map(|e| (e.pci_bus_id.clone(), e.code))
+        .collect()
 }
 
 /// `sysconf(_SC_CLK_TCK)`, through `getconf`.
@@ -81,7 +101,9 @@ fn a_million_line_xid_flood_keeps_the_agent_within_cpu_and_memory_bounds() {
     let sink = Sink::start(controller);
     let mut agent = AgentProc::start(&config, port);
     let pid = agent.pid();
-    std::thread::sleep(Duration::from_millis(500));
+    // Start-up is over once the first batch (a heartbeat) is delivered: its CPU time
+    // is not the flood's.
+    sink.wait_for("the agent's first batch", |b| !b.is_empty());
     let cpu_before = cpu_secs(pid);
     let rss_before = status_kib(pid, "VmRSS:");
 
@@ -103,54 +125,46 @@ fn a_million_line_xid_flood_keeps_the_agent_within_cpu_and_memory_bounds() {
     drop(file);
     let written = started.elapsed();
 
-    // Every line read, and the folded counts shipped.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    // Every line read.
+    wait_until("the agent to read the whole flood", PATIENCE * 2, || {
         assert!(agent.alive(), "the agent exited during the flood");
-        let m = agent.scrape().expect("metrics");
-        if metric(&m, "warden_agent_kmsg_lines_total").unwrap_or(0.0) as u64 >= LINES {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the agent did not read the flood within 120 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        agent
+            .scrape()
+            .and_then(|m| metric(&m, "warden_agent_kmsg_lines_total"))
+            .is_some_and(|n| n as u64 >= LINES)
+    });
     let read = started.elapsed();
-    // One flush and a little more, then measure.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The collector counts a poll's lines before its XIDs, and both before it queues
+    // the poll's events, which a flush later reach the controller: wait for each.
+    let m = agent.wait_metrics("the XID counters to add up to the flood", |m| {
+        xid_total(m) >= LINES
+    });
+    let batches = sink.wait_for("an event for every distinct XID", |b| {
+        distinct_xids(b).len() as u64 >= DISTINCT
+    });
+    let shipped_by = started.elapsed();
     let cpu = cpu_secs(pid) - cpu_before;
     let peak = status_kib(pid, "VmHWM:");
-    let m = agent.scrape().expect("metrics");
     assert!(agent.alive());
 
     // Deduplicated: one event per (code, GPU) first seen, no matter how many lines.
-    let batches = sink.got.lock().expect("lock").clone();
     let xids: Vec<_> = batches
         .iter()
         .flat_map(|b| b.events.iter())
         .filter(|e| NodeEventKind::from_wire(e.kind) == NodeEventKind::Xid)
         .collect();
-    let firsts: std::collections::BTreeSet<(String, Option<u32>)> = xids
-        .iter()
-        .map(|e| (e.pci_bus_id.clone(), e.code))
-        .collect();
+    let firsts = distinct_xids(&batches);
     assert_eq!(firsts.len() as u64, DISTINCT, "{firsts:?}");
-    // First sightings, plus a repeat count per key every 10 s at most.
-    let bound = DISTINCT as usize * (2 + read.as_secs() as usize / 10);
+    // First sightings, plus a repeat count per key every 10 s at most while the batches
+    // were shipped (from the flood's start to the copy of them).
+    let bound = DISTINCT as usize * (2 + shipped_by.as_secs() as usize / 10);
     assert!(
         xids.len() <= bound,
         "{} XID events shipped for {LINES} lines (bound {bound})",
         xids.len()
     );
     // Every line is counted: the per-code XID counters add up to the flood.
-    let counted: f64 = m
-        .lines()
-        .filter(|l| l.starts_with("warden_gpu_xid_errors_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert_eq!(counted as u64, LINES, "XID counters");
+    assert_eq!(xid_total(&m), LINES, "XID counters");
 
     let per_million = cpu / (LINES as f64 / 1e6);
     eprintln!(

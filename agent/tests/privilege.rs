@@ -13,7 +13,6 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 mod support;
 use support::{AgentProc, free_port, metric};
@@ -182,21 +181,6 @@ fn status_field(pid: u32, field: &str) -> String {
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
-fn wait_metric(agent: &AgentProc, name: &str, pred: impl Fn(f64) -> bool) -> String {
-    let started = Instant::now();
-    loop {
-        let m = agent.scrape().expect("metrics");
-        if metric(&m, name).is_some_and(&pred) {
-            return m;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{name} never got there:\n{m}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_non_root_agent_opens_what_it_needs_then_holds_no_capability() {
     if !runnable() {
@@ -236,7 +220,9 @@ fn a_non_root_agent_opens_what_it_needs_then_holds_no_capability() {
         }
     }
 
-    let m = agent.scrape().expect("metrics");
+    // Capabilities are given up, and the collectors and their metrics set up, before
+    // the agent serves /metrics: one scrape shows them.
+    let m = agent.metrics();
     assert_eq!(metric(&m, "warden_agent_capabilities"), Some(0.0), "{m}");
     // The kernel log, opened with CAP_SYSLOG, is read without it.
     assert_eq!(
@@ -244,7 +230,7 @@ fn a_non_root_agent_opens_what_it_needs_then_holds_no_capability() {
         Some(1.0),
         "{m}"
     );
-    wait_metric(&agent, "warden_agent_kmsg_lines_total", |n| n > 0.0);
+    agent.wait_metric("warden_agent_kmsg_lines_total", |n| n > 0.0);
 
     // The capture socket, bound in root's directory with CAP_DAC_OVERRIDE, is the
     // agent's and open to every local user.
@@ -260,7 +246,7 @@ fn a_non_root_agent_opens_what_it_needs_then_holds_no_capability() {
 
     // Root's mode-0640 container log is read through group 0, with no capability.
     node.append_pod_log("step 1 | loss 2.5");
-    wait_metric(&agent, "warden_agent_log_lines_total", |n| n >= 1.0);
+    agent.wait_metric("warden_agent_log_lines_total", |n| n >= 1.0);
 }
 
 #[test]
@@ -270,7 +256,7 @@ fn without_its_file_capabilities_the_agent_runs_with_those_collectors_down() {
     }
     let node = Node::new(None);
     let agent = node.start();
-    let m = agent.scrape().expect("metrics");
+    let m = agent.metrics();
     assert_eq!(metric(&m, "warden_agent_capabilities"), Some(0.0), "{m}");
     let kmsg = metric(&m, "warden_agent_collector_up{collector=\"kmsg\"}");
     // /dev/kmsg needs CAP_SYSLOG only under kernel.dmesg_restrict=1.
@@ -287,6 +273,6 @@ fn without_its_file_capabilities_the_agent_runs_with_those_collectors_down() {
     assert!(!node.socket.exists());
     // What needs no capability still works.
     node.append_pod_log("step 1 | loss 2.5");
-    wait_metric(&agent, "warden_agent_log_lines_total", |n| n >= 1.0);
+    agent.wait_metric("warden_agent_log_lines_total", |n| n >= 1.0);
     assert_eq!(status_field(agent.pid(), "NoNewPrivs:"), "1");
 }

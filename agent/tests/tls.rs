@@ -10,9 +10,10 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::{AgentProc, free_port, metric};
+use warden_testkit::{PATIENCE, wait_for, wait_until};
 
 fn controller_bin() -> PathBuf {
     let bin = Path::new(env!("CARGO_BIN_EXE_warden-agent")).with_file_name("warden-controller");
@@ -164,14 +165,9 @@ fn the_agent_ships_over_https_to_a_controller_with_a_private_ca() {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while https("/healthz").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the controller never answered over https"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("the controller to answer over https", PATIENCE, || {
+        https("/healthz").is_some()
+    });
     // Plain http to the TLS port gets no HTTP answer.
     assert!(
         support::http_get(port, "/healthz").is_none_or(|body| !body.contains("ok")),
@@ -184,22 +180,28 @@ fn the_agent_ships_over_https_to_a_controller_with_a_private_ca() {
             .unwrap_or(0.0)
     };
     let with_ca = agent(dir.path(), "node-a", port, Some(&dir.path().join("ca.pem")));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while batches() < 3.0 {
-        assert!(Instant::now() < deadline, "no batch arrived over https");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until("three batches to arrive over https", PATIENCE, || {
+        batches() >= 3.0
+    });
     drop(with_ca);
 
-    // Without the CA the agent cannot verify the controller and delivers nothing.
-    let before = batches();
+    // Without the CA the agent cannot verify the controller and delivers nothing. Its
+    // failed attempts are the barrier: once it has tried twice, it would have delivered.
     let without = agent(dir.path(), "node-b", port, None);
-    std::thread::sleep(Duration::from_secs(2));
-    let m = without.scrape().expect("agent metrics");
-    assert_eq!(batches(), before, "an unverified controller got batches");
+    let m = without.wait_metric("warden_agent_batches_failed_total", |n| n >= 2.0);
     assert!(
         metric(&m, "warden_agent_batches_sent_total").unwrap_or(0.0) == 0.0,
-        "the agent reports nothing sent"
+        "the agent reports nothing sent: {m}"
+    );
+    // The controller's node list, not its batch count: a batch node-a sent just before
+    // it was stopped may still be counted after any reading taken here.
+    let nodes = wait_for("the controller's node list over https", PATIENCE, || {
+        https("/api/v1/nodes")
+    });
+    assert!(nodes.contains("\"node-a\""), "{nodes}");
+    assert!(
+        !nodes.contains("\"node-b\""),
+        "an unverified controller got batches: {nodes}"
     );
 }
 
@@ -222,26 +224,23 @@ fn the_agent_delivers_nothing_to_a_certificate_for_another_name() {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while https("/healthz").is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the controller never answered over https"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until("the controller to answer over https", PATIENCE, || {
+        https("/healthz").is_some()
+    });
     // The agent dials https://localhost with the right CA: the name does not match.
+    // Its failed attempts are the barrier: once it has tried twice, it would have
+    // delivered.
     let a = agent(dir.path(), "node-a", port, Some(&dir.path().join("ca.pem")));
-    std::thread::sleep(Duration::from_secs(3));
-    let m = a.scrape().expect("agent metrics");
+    let m = a.wait_metric("warden_agent_batches_failed_total", |n| n >= 2.0);
     assert_eq!(
         metric(&m, "warden_agent_batches_sent_total").unwrap_or(0.0),
         0.0,
-        "the agent delivered to a certificate for another name"
+        "the agent delivered to a certificate for another name: {m}"
     );
-    let got = https("/metrics")
-        .and_then(|m| metric(&m, "warden_ingest_batches_total"))
-        .unwrap_or(0.0);
+    let controller = wait_for("the controller's /metrics over https", PATIENCE, || {
+        https("/metrics")
+    });
+    let got = metric(&controller, "warden_ingest_batches_total").unwrap_or(0.0);
     assert_eq!(got, 0.0, "the controller got batches");
 }
 
@@ -249,7 +248,7 @@ fn the_agent_delivers_nothing_to_a_certificate_for_another_name() {
 fn get_status(port: u16, path: &str, headers: &str) -> u16 {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
+    s.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
     write!(
         s,
@@ -315,21 +314,16 @@ fn the_agents_token_is_in_no_log_line_at_trace_level() {
     let bearer = |t: &str| format!("Authorization: Bearer {t}\r\n");
     assert_eq!(get_status(agent_port, logs, &bearer(wrong)), 401);
     assert_eq!(get_status(agent_port, logs, &bearer(token)), 200);
-    // Batches go out and are refused for a while.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = agent.scrape().expect("agent metrics");
+    // Batches go out and are refused for a while. The agent logs a refusal before it
+    // counts it.
+    agent.wait_metrics("two refused deliveries", |m| {
         let failed: f64 = m
             .lines()
             .filter(|l| l.starts_with("warden_agent_batches_failed_total"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum();
-        if failed >= 2.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no refused delivery: {m}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        failed >= 2.0
+    });
     drop(agent);
     let text = output.join().expect("agent output");
     assert!(text.contains("TRACE"), "trace logging was on");

@@ -12,11 +12,12 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use warden_controller::auth::{hash_token, new_token};
 use warden_model::wire::{Batch, EventSeverity, Heartbeat, NodeEvent, NodeEventKind};
+use warden_testkit::{PATIENCE, poll, scaled, wait_for, wait_until};
 
 /// `warden-controller` next to the `warden` binary under test, built when missing.
 fn controller_bin() -> PathBuf {
@@ -126,8 +127,7 @@ impl Drop for Ctl {
 /// (status, body) of one request, over a plain socket.
 fn http(port: u16, method: &str, path: &str, token: &str, ct: &str, body: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
+    s.set_read_timeout(Some(scaled(PATIENCE))).expect("timeout");
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\
@@ -174,22 +174,14 @@ impl Ctl {
             tokens,
             seen: vec![],
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        wait_until("warden-controller to answer /healthz", PATIENCE, || {
             if let Ok(Some(status)) = ctl.child.try_wait() {
                 panic!("warden-controller exited early: {status}");
             }
-            let up = TcpStream::connect(("127.0.0.1", port)).is_ok()
-                && http(port, "GET", "/healthz", "", "text/plain", b"").0 == 200;
-            if up {
-                return ctl;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "warden-controller never answered"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+                && http(port, "GET", "/healthz", "", "text/plain", b"").0 == 200
+        });
+        ctl
     }
 
     fn server(&self) -> String {
@@ -241,8 +233,7 @@ impl Ctl {
 
     /// Wait until the controller lists `n` incidents.
     fn wait_for_incidents(&self, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        wait_for(&format!("{n} incidents to open"), PATIENCE, || {
             let (status, body) = http(
                 self.port,
                 "GET",
@@ -253,12 +244,8 @@ impl Ctl {
             );
             assert_eq!(status, 200, "{body}");
             let list: Vec<Value> = serde_json::from_str(&body).expect("json");
-            if list.len() >= n {
-                return list;
-            }
-            assert!(Instant::now() < deadline, "{n} incidents never opened");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            (list.len() >= n).then_some(list)
+        })
     }
 
     /// Run `warden args...` with a clean environment plus `env`, HOME in the scratch
@@ -592,17 +579,14 @@ fn remediation_status_and_a_breaker_reset_through_the_cli() {
         c.ingest_xid(node, 0, seq as u64 + 1);
     }
     c.wait_for_incidents(3);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = c.op(&["remediation", "status", "--output", "json"]).json();
-        if s["dry_run_tripped"] == true {
-            assert_eq!(s["tripped"], false, "{s}");
-            assert_eq!(s["breaker_cap"], 1, "{s}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the dry run never tripped: {s}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let mut last = Value::Null;
+    let tripped = poll(PATIENCE, || {
+        last = c.op(&["remediation", "status", "--output", "json"]).json();
+        (last["dry_run_tripped"] == true).then(|| last.clone())
+    });
+    let s = tripped.unwrap_or_else(|| panic!("the dry run never tripped: {last}"));
+    assert_eq!(s["tripped"], false, "{s}");
+    assert_eq!(s["breaker_cap"], 1, "{s}");
     let text = c.op(&["remediation"]).ok().to_owned();
     assert!(text.contains("tripped in the dry run"), "{text}");
     assert!(text.contains("  tripped at "), "{text}");

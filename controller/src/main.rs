@@ -335,6 +335,11 @@ async fn run(
         version = env!("CARGO_PKG_VERSION"),
         "controller listening"
     );
+    // This binary always writes a store: a batch with node events is acknowledged only
+    // once a pass has stored what it found, from the first request on. Until the lease
+    // is taken and the detector loop runs, such a batch is answered 503 and the agent
+    // sends it again; an acknowledgement before would be lost to a crash.
+    engine.ack_when_stored();
     let app = api::router(state);
     let mut server = match tls {
         Some(config) => {
@@ -404,6 +409,7 @@ async fn lead(
     clock: &Arc<dyn Clock>,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    warden_controller::operate::failpoint("lead-started").await;
     let restored = operator
         .persister
         .lock()
@@ -431,7 +437,6 @@ async fn lead(
         tracing::info!(actions = finished, "unfinished actions finished");
     }
     let queue = start_diagnosis(config, &operator.engine, clock, metrics)?;
-    operator.engine.ack_when_stored();
     Ok(tokio::spawn(tick_loop(
         operator.clone(),
         clock.clone(),

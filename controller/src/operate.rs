@@ -22,9 +22,10 @@ use crate::store::{ActionKind, ActionRecord, ActionStatus, NodeRecord, Store, St
 pub const MAX_REASON_CHARS: usize = 1024;
 
 /// Environment variable naming a failpoint (tests): `drain-intended`,
-/// `drain-applied`, `ack-intended`, `resolve-intended`. When an action reaches it the
-/// controller says so on stderr and stops there for good, so a test can kill it at
-/// exactly that point.
+/// `drain-applied`, `ack-intended`, `resolve-intended`, and `lead-started` (the
+/// controller has the lease and has not yet taken the incidents back). When the
+/// controller reaches it, it says so on stderr and stops there for good, so a test can
+/// look at it or kill it at exactly that point.
 pub const FAILPOINT_ENV: &str = "WARDEN_FAILPOINT";
 
 /// Why an operator's request was refused or failed.
@@ -107,7 +108,7 @@ pub fn check_reason(field: &str, text: &str, required: bool) -> Result<(), Opera
 }
 
 /// Stop here for good when the failpoint `name` is set (see [`FAILPOINT_ENV`]).
-async fn failpoint(name: &str) {
+pub async fn failpoint(name: &str) {
     if std::env::var(FAILPOINT_ENV).is_ok_and(|v| v == name) {
         eprintln!("failpoint {name} reached");
         std::future::pending::<()>().await;

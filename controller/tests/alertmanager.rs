@@ -24,9 +24,13 @@ use warden_controller::alerts::{self, AlertmanagerConfig, AlertsConfig, SecretUr
 use warden_controller::metrics::Metrics;
 use warden_controller::{Change, Clock, SystemClock};
 use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity};
+use warden_testkit::{PATIENCE, scaled, wait_for_async};
 
-/// Longest wait for one notification (Alertmanager groups for a second, then sends).
-const WAIT: Duration = Duration::from_secs(30);
+/// Longest wait for one notification (Alertmanager groups for a second, then sends),
+/// scaled by `WARDEN_TEST_PATIENCE`.
+fn wait() -> Duration {
+    scaled(PATIENCE)
+}
 
 /// Everything the controller's code logs in this test binary, from debug level up.
 fn captured_log() -> Arc<Mutex<Vec<u8>>> {
@@ -128,18 +132,19 @@ impl Alertmanager {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
         let mut am = Alertmanager { child, port, dir };
-        let deadline = Instant::now() + WAIT;
-        while support::http_get(port, "/-/ready").is_none_or(|(s, _)| s != 200) {
+        let ready = warden_testkit::poll(PATIENCE, || {
             if let Ok(Some(status)) = am.child.try_wait() {
                 panic!("Alertmanager exited early ({status}):\n{}", am.log());
             }
-            assert!(
-                Instant::now() < deadline,
-                "Alertmanager never became ready:\n{}",
-                am.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            support::http_get(port, "/-/ready")
+                .is_some_and(|(s, _)| s == 200)
+                .then_some(())
+        });
+        assert!(
+            ready.is_some(),
+            "Alertmanager never became ready:\n{}",
+            am.log()
+        );
         am
     }
 
@@ -268,19 +273,24 @@ fn sent(metrics: &Metrics, sink: &str, result: &str) -> u64 {
 }
 
 /// Wait until `warden_alerts_sent_total{sink,result}` reaches `want` (a delivery is
-/// counted once its answer is read, just after the receiver saw the body).
-async fn wait_sent(metrics: &Metrics, sink: &str, result: &str, want: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sent(metrics, sink, result) < want && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(sent(metrics, sink, result), want, "{sink} {result}");
+/// counted once its answer is read, just after the receiver saw the body); returns the
+/// value then, which a caller compares with `want` where more would be wrong.
+async fn wait_sent(metrics: &Metrics, sink: &str, result: &str, want: u64) -> u64 {
+    wait_for_async(
+        &format!("{want} {sink} deliveries counted as {result}"),
+        PATIENCE,
+        || {
+            let n = sent(metrics, sink, result);
+            async move { (n >= want).then_some(n) }
+        },
+    )
+    .await
 }
 
 /// Alertmanager's notification for `id` with `status`, skipping others (repeats of the
 /// firing alert while it waits for the resolution).
 async fn notification(rx: &mut Receiver, id: &str, status: &str) -> Value {
-    let deadline = Instant::now() + WAIT;
+    let deadline = Instant::now() + wait();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let body = rx
@@ -342,7 +352,9 @@ async fn alertmanager_notifies_the_firing_incident_then_its_resolution() {
     queue.submit(&inc, Change::Resolved);
     let resolved = notification(&mut hook, "inc-am-1", "resolved").await;
     assert_eq!(resolved["labels"], *labels, "the same alert resolves");
-    assert!(sent(&metrics, "alertmanager", "ok") >= 2);
+    // Alertmanager answered the resolution before it notified the hook; Warden counts
+    // the delivery once it has read that answer. Re-sends count too.
+    wait_sent(&metrics, "alertmanager", "ok", 2).await;
     assert_eq!(sent(&metrics, "alertmanager", "error"), 0, "{}", am.log());
     assert_eq!(sent(&metrics, "alertmanager", "dropped"), 0);
 }
@@ -369,7 +381,7 @@ async fn the_webhook_retries_server_errors_and_rate_limits_a_storm() {
     let inc = incident("inc-wh-1");
     queue.submit(&inc, Change::Opened);
     queue.submit(&inc, Change::Updated); // evidence: no message
-    let m = flaky.next("webhook message", WAIT).await;
+    let m = flaky.next("webhook message", wait()).await;
     assert_eq!(m["state"], "opened", "{m}");
     assert_eq!(m["incident"], "inc-wh-1");
     assert_eq!(m["kind"], "gpu_fault");
@@ -382,21 +394,28 @@ async fn the_webhook_retries_server_errors_and_rate_limits_a_storm() {
         "{text}"
     );
     assert_eq!(flaky.hits.load(Ordering::SeqCst), 3, "two 503s, then 200");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(flaky.bodies.try_recv().is_err(), "delivered once");
-    wait_sent(&metrics, "webhook", "ok", 1).await;
+    // Messages go out one at a time, in order: the next incident's message coming next
+    // shows that the evidence update sent none and that the first went once.
+    queue.submit(&incident("inc-wh-1b"), Change::Opened);
+    let next = flaky.next("the next incident's message", wait()).await;
+    assert_eq!(next["incident"], "inc-wh-1b", "delivered once: {next}");
+    assert_eq!(flaky.hits.load(Ordering::SeqCst), 4, "one POST more");
+    assert_eq!(wait_sent(&metrics, "webhook", "ok", 2).await, 2);
     assert_eq!(sent(&metrics, "webhook", "error"), 0);
     drop(queue);
 
-    // A 4xx other than 429 is not retried: one attempt, counted as an error.
-    let refusing = Receiver::failing(PATH, 1, StatusCode::NOT_FOUND).await;
+    // A 4xx other than 429 is not retried: one attempt, counted as an error. (Only the
+    // first POST is refused: a retry would be accepted.)
+    let mut refusing = Receiver::failing(PATH, 1, StatusCode::NOT_FOUND).await;
     let queue = alerts::start(webhook(refusing.url(PATH), 20), Some(metrics.clone()))
         .expect("client builds")
         .expect("a sink is configured");
     queue.submit(&incident("inc-wh-2"), Change::Opened);
-    wait_sent(&metrics, "webhook", "error", 1).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(refusing.hits.load(Ordering::SeqCst), 1, "not retried");
+    assert_eq!(wait_sent(&metrics, "webhook", "error", 1).await, 1);
+    queue.submit(&incident("inc-wh-2b"), Change::Opened);
+    let next = refusing.next("the next incident's message", wait()).await;
+    assert_eq!(next["incident"], "inc-wh-2b", "not retried: {next}");
+    assert_eq!(refusing.hits.load(Ordering::SeqCst), 2, "not retried");
     drop(queue);
     let text = String::from_utf8_lossy(&log.lock().expect("log")).into_owned();
     let origin = format!("http://127.0.0.1:{}", refusing.port);
@@ -416,17 +435,18 @@ async fn the_webhook_retries_server_errors_and_rate_limits_a_storm() {
     for i in 0..100 {
         queue.submit(&incident(&format!("inc-storm-{i}")), Change::Opened);
     }
-    assert!(
-        started.elapsed() < Duration::from_millis(500),
-        "submit never waits"
-    );
+    // Submit never waits: a submit that waited for the rate limit would take over two
+    // minutes here (a token frees every 2 s).
+    let took = started.elapsed();
+    eprintln!("100 submits took {took:?}");
+    assert!(took < Duration::from_secs(30), "submit waited: {took:?}");
     for i in 0..30 {
-        let m = storm.next("a message of the burst", WAIT).await;
+        let m = storm.next("a message of the burst", wait()).await;
         assert_eq!(m["state"], "opened", "{m}");
         assert_eq!(m["incident"], format!("inc-storm-{i}"), "in order");
         assert_eq!(m["suppressed"], 0);
     }
-    let digest = storm.next("the suppressed count", WAIT).await;
+    let digest = storm.next("the suppressed count", wait()).await;
     assert_eq!(digest["suppressed"], 70, "{digest}");
     assert_eq!(digest["state"], "suppressed");
     assert!(
@@ -436,6 +456,10 @@ async fn the_webhook_retries_server_errors_and_rate_limits_a_storm() {
         "{digest}"
     );
     assert_eq!(sent(&metrics, "webhook", "suppressed"), 70);
-    wait_sent(&metrics, "webhook", "ok", 1 + 31).await;
+    // Two from the first receiver, one from the second, 31 from the storm.
+    assert_eq!(
+        wait_sent(&metrics, "webhook", "ok", 2 + 1 + 31).await,
+        2 + 1 + 31
+    );
     assert_eq!(sent(&metrics, "webhook", "dropped"), 0);
 }

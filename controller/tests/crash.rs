@@ -9,9 +9,9 @@ mod support;
 
 use std::ffi::OsStr;
 use std::path::Path;
-use std::time::Duration;
 
-use support::ctl::{Ctl, by_people, count, wait_until};
+use support::ctl::{Ctl, by_people, count, finished};
+use warden_testkit::{PATIENCE, wait_until};
 
 fn start(data: &Path, failpoint: Option<&str>) -> Ctl {
     Ctl::start(&[OsStr::new("--data-dir"), data.as_os_str()], failpoint)
@@ -24,7 +24,9 @@ fn sigkill_at_every_step_loses_nothing_and_repeats_nothing() {
     // 1. An incident opens; the controller dies right after.
     let c = start(data.path(), None);
     c.ingest_xid("node-3", 1);
-    wait_until("the GPU fault incident", || c.incidents().len() == 1);
+    wait_until("the GPU fault incident", PATIENCE, || {
+        c.incidents().len() == 1
+    });
     let id = c.incidents()[0]["id"].as_str().expect("id").to_owned();
     c.kill();
 
@@ -33,8 +35,14 @@ fn sigkill_at_every_step_loses_nothing_and_repeats_nothing() {
     let found = c.incidents();
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0]["id"], id.as_str());
+    // Once the fault is applied, the incident's evidence is its (newer) event's; a
+    // new incident would leave it as it was.
+    let before = found[0]["evidence"].clone();
     c.ingest_xid("node-3", 2);
-    std::thread::sleep(Duration::from_millis(800));
+    wait_until("the fault applied", PATIENCE, || {
+        let now = c.incidents();
+        now.len() > 1 || now[0]["evidence"] != before
+    });
     assert_eq!(
         c.incidents().len(),
         1,
@@ -51,14 +59,16 @@ fn sigkill_at_every_step_loses_nothing_and_repeats_nothing() {
     c.wait_for("failpoint ack-intended reached");
     c.kill();
 
-    // 4. The restart finishes the acknowledgement; then it dies between "drain
-    //    intended" and the drain itself.
+    // 4. The restart finishes the acknowledgement (once it has taken the lead, after
+    //    it answers); then it dies between "drain intended" and the drain itself.
     let c = start(data.path(), Some("drain-intended"));
-    let inc = c.get(&format!("/api/v1/incidents/{id}"));
-    assert_eq!(inc["acknowledged"], true, "{inc}");
+    let ack = c.finished_action("acknowledge", &id);
+    assert_eq!(ack["status"], "done", "{ack}");
     let acks = count(&c.actions(), "acknowledge", &id);
     assert_eq!(acks.len(), 1, "{acks:?}");
-    assert_eq!(acks[0]["status"], "done");
+    // The incident is written before the action is recorded as done.
+    let inc = c.get(&format!("/api/v1/incidents/{id}"));
+    assert_eq!(inc["acknowledged"], true, "{inc}");
     let _pending = c.send(
         "POST",
         "/api/v1/nodes/node-3/drain",
@@ -66,11 +76,17 @@ fn sigkill_at_every_step_loses_nothing_and_repeats_nothing() {
         br#"{"reason":"XID 79"}"#,
     );
     c.wait_for("failpoint drain-intended reached");
+    // Parked between the two: listed as intended, with no result yet.
+    let parked = count(&c.actions(), "drain", "node-3");
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    assert_eq!(parked[0]["status"], "intended", "{parked:?}");
+    assert!(!finished(&parked[0]), "{parked:?}");
     c.kill();
 
     // 5. The restart finishes that drain; then a second drain dies after the node was
     //    drained but before the action was recorded as done.
     let c = start(data.path(), Some("drain-applied"));
+    c.finished_action("drain", "node-3");
     let nodes = c.get("/api/v1/nodes");
     let n3 = nodes
         .as_array()
@@ -92,6 +108,7 @@ fn sigkill_at_every_step_loses_nothing_and_repeats_nothing() {
 
     // 6. A clean restart: every action exactly once, all done; one incident.
     let c = start(data.path(), None);
+    c.finished_action("drain", "node-4");
     let actions = c.actions();
     for (kind, target) in [
         ("acknowledge", id.as_str()),
@@ -159,4 +176,34 @@ fn sigkill_at_every_step_loses_nothing_and_repeats_nothing() {
     let inc = c.get(&format!("/api/v1/incidents/{id}"));
     assert_eq!(inc["state"], "resolved", "{inc}");
     c.kill();
+}
+
+/// A controller that serves the API but has not yet taken the lease's work back (it is
+/// parked at `lead-started`, before restoring incidents) has no detector pass that
+/// could store a kernel event: the batch is answered 503, never 200, so the agent keeps
+/// it and sends it again; once a controller leads, the same batch is acknowledged and
+/// its incident is there.
+#[test]
+fn a_kernel_event_is_not_acknowledged_before_a_leader_can_store_it() {
+    let data = tempfile::tempdir().expect("temp dir");
+    let c = start(data.path(), Some("lead-started"));
+    c.wait_for("failpoint lead-started reached");
+    let batch = support::ctl::xid_batch("node-7", 1);
+    let (status, body) = c.call(
+        "POST",
+        "/api/v1/ingest",
+        "application/vnd.warden.batch",
+        &batch,
+    );
+    assert_eq!(
+        status, 503,
+        "acknowledged before any pass could store it: {body}"
+    );
+    c.kill();
+
+    let c = start(data.path(), None);
+    c.ingest(&batch);
+    wait_until("the GPU fault incident", PATIENCE, || {
+        c.incidents().len() == 1
+    });
 }

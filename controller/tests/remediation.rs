@@ -4,14 +4,16 @@
 //! breaker's cap, trips it (recorded in the audit log, shown by the API and the
 //! `warden_remediation_breaker_tripped` metric the shipped alert rule fires on), keeps
 //! it tripped across a restart, and acts again only after an admin resets it. The
-//! default install only records what it would do.
+//! default install only records what it would do. An action is listed as intended, with
+//! no result, for as long as its actuator runs.
 
 mod support;
 
 use std::ffi::OsStr;
 use std::path::Path;
 
-use support::ctl::{Ctl, count, wait_until};
+use support::ctl::{Ctl, count, finished};
+use warden_testkit::{PATIENCE, wait_for, wait_until};
 
 const NODES: usize = 10;
 
@@ -49,7 +51,7 @@ fn storm(c: &Ctl, faulty: usize) {
     for i in 0..NODES {
         c.ingest_heartbeat(&format!("node-{i}"), 1);
     }
-    wait_until("all nodes known", || {
+    wait_until("all nodes known", PATIENCE, || {
         c.get("/api/v1/nodes")
             .as_array()
             .is_some_and(|n| n.len() == NODES)
@@ -74,19 +76,26 @@ fn a_fault_storm_isolates_no_more_than_the_breaker_allows_and_trips_it() {
     )
     .expect("write config");
     let c = start(dir.path(), &config);
-    storm(&c, NODES * 6 / 10);
-    wait_until("six incidents decided and the breaker tripped", || {
-        c.get("/api/v1/remediation")["tripped"] == true
-            && c.incidents().iter().all(|i| {
-                i["timeline"].as_array().is_some_and(|t| {
-                    t.iter().any(|e| {
-                        e["what"]
-                            .as_str()
-                            .is_some_and(|w| w.contains("policy rule"))
+    let faulty = NODES * 6 / 10;
+    storm(&c, faulty);
+    wait_until(
+        "six incidents decided and the breaker tripped",
+        PATIENCE,
+        || {
+            let incidents = c.incidents();
+            c.get("/api/v1/remediation")["tripped"] == true
+                && incidents.len() == faulty
+                && incidents.iter().all(|i| {
+                    i["timeline"].as_array().is_some_and(|t| {
+                        t.iter().any(|e| {
+                            e["what"]
+                                .as_str()
+                                .is_some_and(|w| w.contains("policy rule"))
+                        })
                     })
                 })
-            })
-    });
+        },
+    );
     // The cap: 20 % of 10 nodes, below max_nodes.
     let status = c.get("/api/v1/remediation");
     assert_eq!(status["breaker_cap"], 2, "{status}");
@@ -134,14 +143,14 @@ fn a_fault_storm_isolates_no_more_than_the_breaker_allows_and_trips_it() {
         blocked, 3,
         "six faults: two isolated, one tripped it, three refused"
     );
-    // The metric the shipped alert rule fires on.
-    let (_, metrics) = support::http_get(c.port, "/metrics").expect("metrics");
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l == "warden_remediation_breaker_tripped 1"),
-        "breaker metric"
-    );
+    // The metric the shipped alert rule fires on (published at the end of the pass
+    // that tripped the breaker, after the trip itself shows).
+    wait_until("the breaker metric", PATIENCE, || {
+        support::http_get(c.port, "/metrics").is_some_and(|(_, m)| {
+            m.lines()
+                .any(|l| l == "warden_remediation_breaker_tripped 1")
+        })
+    });
     c.kill();
 
     // Still tripped after a restart: it waits for a person; a person's drain goes
@@ -181,7 +190,9 @@ fn a_fault_storm_isolates_no_more_than_the_breaker_allows_and_trips_it() {
         c.ingest_heartbeat(&format!("node-{i}"), 3);
     }
     c.ingest_xid("node-9", 4);
-    wait_until("the new fault isolated", || lines(&log).len() == 3);
+    wait_until("the new fault isolated", PATIENCE, || {
+        lines(&log).len() == 3
+    });
     assert!(lines(&log)[2].starts_with("isolate node-9 true"));
     // A person's drain and undrain go through the same actuator.
     let (status, body) = c.call(
@@ -235,18 +246,11 @@ fn the_default_install_only_records_what_it_would_do() {
     .expect("write config");
     let c = start(dir.path(), &config);
     storm(&c, 1);
-    wait_until("the dry-run isolation recorded", || {
-        c.actions().iter().any(|a| a["kind"] == "isolate")
-    });
+    // Recorded as intended first, then finished with what it would have done.
+    let isolate = c.finished_action("isolate", "node-0");
     let status = c.get("/api/v1/remediation");
     assert_eq!(status["dry_run"], true, "{status}");
-    let isolate = c
-        .actions()
-        .into_iter()
-        .find(|a| a["kind"] == "isolate")
-        .expect("isolate action");
     assert_eq!(isolate["dry_run"], true, "{isolate}");
-    assert_eq!(isolate["target"], "node-0");
     assert!(
         isolate["result"]
             .as_str()
@@ -262,7 +266,9 @@ fn the_default_install_only_records_what_it_would_do() {
             })
         })
     };
-    wait_until("the dry run on the timeline", || noted(&c.incidents()[0]));
+    wait_until("the dry run on the timeline", PATIENCE, || {
+        noted(&c.incidents()[0])
+    });
     let inc = &c.incidents()[0];
     assert_ne!(
         inc["state"], "mitigating",
@@ -288,20 +294,22 @@ fn a_node_is_given_back_after_its_health_window() {
     .expect("write config");
     let c = start(dir.path(), &config);
     storm(&c, 1);
-    wait_until("node-0 isolated", || lines(&log).len() == 1);
+    wait_until("node-0 isolated", PATIENCE, || lines(&log).len() == 1);
     assert!(lines(&log)[0].starts_with("isolate node-0 true inc-"));
-    let nodes = c.get("/api/v1/nodes");
-    let held = nodes
-        .as_array()
-        .expect("nodes")
-        .iter()
-        .find(|n| n["name"] == "node-0")
-        .expect("node-0")
-        .clone();
-    assert_eq!(held["state"], "drained", "{held}");
+    // The script has run; Warden's node table is written once it has exited.
+    let held = wait_for("node-0 held drained", PATIENCE, || {
+        c.get("/api/v1/nodes")
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == "node-0" && n["state"] == "drained")
+            .cloned()
+    });
     assert_eq!(held["owner"], "warden-policy", "{held}");
-    // While its incident is live the node stays out, however long.
+    // While its incident is live the node stays out, however long: let the health
+    // window (1 s) pass, then a whole remediation pass after it, and look. The sleep
+    // only lets time pass for a check that nothing happened; the pass is the barrier.
     std::thread::sleep(std::time::Duration::from_millis(1500));
+    c.wait_for_a_full_pass();
     assert_eq!(lines(&log).len(), 1, "no release while the fault is live");
     // The fault is dealt with; a second later, with its agent still heard, it is back.
     let id = c.incidents()[0]["id"].as_str().expect("id").to_owned();
@@ -313,16 +321,75 @@ fn a_node_is_given_back_after_its_health_window() {
     );
     assert_eq!(status, 200, "{body}");
     c.ingest_heartbeat("node-0", 5);
-    wait_until("node-0 released", || lines(&log).len() == 2);
+    wait_until("node-0 released", PATIENCE, || lines(&log).len() == 2);
     assert_eq!(lines(&log)[1], "release node-0  ");
-    let released = count(&c.actions(), "undrain", "node-0");
-    assert_eq!(released.len(), 1, "{released:?}");
-    assert_eq!(released[0]["actor"], "auto-release");
-    wait_until("node-0 no longer held", || {
+    // The script ran before the release is recorded.
+    let released = c.finished_action("undrain", "node-0");
+    assert_eq!(released["actor"], "auto-release", "{released}");
+    assert_eq!(count(&c.actions(), "undrain", "node-0").len(), 1);
+    wait_until("node-0 no longer held", PATIENCE, || {
         c.get("/api/v1/nodes").as_array().is_some_and(|n| {
             n.iter()
                 .any(|n| n["name"] == "node-0" && n["state"] != "drained")
         })
     });
+    c.kill();
+}
+
+/// What the actuator-wait helpers rely on: an action of remediation's is listed as
+/// intended, with no result and no finish time, for as long as its actuator runs, and
+/// finished only after. The script actuator is held until the test lets it go.
+#[test]
+fn an_action_is_listed_intended_without_a_result_while_its_actuator_runs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gate = dir.path().join("go");
+    // Held until the gate exists; let go anyway when the temp dir is gone (the test
+    // ended without opening it) or after about two minutes, so no script outlives it.
+    let hold = format!(
+        "i=0\nwhile [ ! -e {gate} ] && [ -d {dir} ] && [ $i -lt 2400 ]; do sleep 0.05; \
+         i=$((i+1)); done\n",
+        gate = gate.display(),
+        dir = dir.path().display()
+    );
+    let (script, log) = support::recording_actuator(
+        dir.path(),
+        &hold,
+        "$WARDEN_ACTION $WARDEN_NODE $WARDEN_EVICT $WARDEN_INCIDENT",
+    );
+    let config = dir.path().join("controller.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "remediation:\n  dry_run: false\n  actuator: script\n  script:\n    program: {}\n    \
+             timeout_secs: 600\n",
+            script.display()
+        ),
+    )
+    .expect("write config");
+    let c = start(dir.path(), &config);
+    storm(&c, 1);
+    let held = wait_for("the isolation of node-0 recorded", PATIENCE, || {
+        c.actions()
+            .into_iter()
+            .find(|a| a["kind"] == "isolate" && a["target"] == "node-0")
+    });
+    assert_eq!(held["status"], "intended", "{held}");
+    assert!(held["result"].is_null(), "{held}");
+    assert!(held["finished_at"].is_null(), "{held}");
+    assert!(!finished(&held), "{held}");
+    assert!(lines(&log).is_empty(), "the script is still held");
+
+    std::fs::write(&gate, "").expect("open the gate");
+    let done = c.finished_action("isolate", "node-0");
+    assert_eq!(done["id"], held["id"], "the same action, finished");
+    assert_eq!(done["status"], "done", "{done}");
+    assert_eq!(done["result"], "drain node-0: done", "{done}");
+    assert!(
+        done["finished_at"].as_i64() >= held["intended_at"].as_i64(),
+        "{done}"
+    );
+    let ran = lines(&log);
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    assert!(ran[0].starts_with("isolate node-0 true inc-"), "{ran:?}");
     c.kill();
 }

@@ -11,13 +11,15 @@ mod support;
 use std::ffi::OsStr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::ctl::{Ctl, wait_until};
+use support::ctl::Ctl;
 use support::slurm::{Options, SlurmCluster};
 use warden_model::wire::{
     Batch, EventSeverity, Heartbeat, JobSignals, NodeEvent, NodeEventKind, RankInfo, TrainingMetric,
 };
+use warden_testkit::{PATIENCE, wait_until};
 
-const JOB_TIMEOUT: Duration = Duration::from_secs(60);
+/// A requeued job waits `cred_expire` (5 s here) before it may start again.
+const JOB_TIMEOUT: Duration = PATIENCE;
 
 fn now_ns() -> i64 {
     SystemTime::now()
@@ -150,25 +152,15 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
         c.ingest_heartbeat(n, i as u64 + 1);
     }
     let sent = Instant::now();
-    let (status, body) = c.call(
-        "POST",
-        "/api/v1/ingest",
-        "application/vnd.warden.batch",
-        &fault(&bad, &id.to_string()).encode_binary(),
-    );
-    assert_eq!(status, 200, "{body}");
-    wait_until("the restart action", || {
-        c.actions().iter().any(|a| a["kind"] == "restart")
-    });
+    c.ingest(&fault(&bad, &id.to_string()).encode_binary());
+    // Both actions are listed as intended before their actuator runs: wait for their
+    // results. The drain is done before the restart is intended.
+    let restart = c.finished_action("restart", &id.to_string());
     let seen = sent.elapsed();
+    let isolate = c.finished_action("isolate", &bad);
 
-    let actions = c.actions();
-    let restart = actions
-        .iter()
-        .find(|a| a["kind"] == "restart")
-        .expect("restart action");
-    assert_eq!(restart["target"], id.to_string().as_str());
     assert_eq!(restart["dry_run"], false);
+    assert_eq!(restart["status"], "done", "{restart}");
     let result = restart["result"].as_str().expect("result");
     assert!(
         result.starts_with(&format!("restart of job {id} requested from ")),
@@ -180,11 +172,6 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
     );
     assert!(result.contains(&format!("without {bad}")), "{result}");
     assert!(result.ends_with("; 50 steps of work lost"), "{result}");
-    let isolate = actions
-        .iter()
-        .find(|a| a["kind"] == "isolate")
-        .expect("isolate action");
-    assert_eq!(isolate["target"], bad.as_str());
     assert_eq!(isolate["result"], format!("drain {bad}: done").as_str());
 
     // Detection to restart command, in Warden's own time.
@@ -225,7 +212,7 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
     );
 
     // The timeline tells the story, checkpoint skipped included.
-    wait_until("the timeline written", || {
+    wait_until("the timeline written", PATIENCE, || {
         c.incidents()[0]["timeline"]
             .as_array()
             .is_some_and(|t| t.iter().any(|e| e["what"].as_str() == Some(result)))
@@ -250,7 +237,7 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
 
     // Warden itself sees the job running again without the node (the scheduler's start
     // report after the requeue).
-    wait_until("the restart verified", || {
+    wait_until("the restart verified", PATIENCE, || {
         c.incidents()[0]["timeline"].as_array().is_some_and(|t| {
             t.iter().any(|e| {
                 e["what"].as_str().is_some_and(|w| {
@@ -261,7 +248,7 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
         })
     });
     // Running again without the node ends the incident (the node stays drained).
-    wait_until("the incident resolved as mitigated", || {
+    wait_until("the incident resolved as mitigated", PATIENCE, || {
         let inc = &c.incidents()[0];
         inc["state"] == "resolved"
             && inc["timeline"].as_array().is_some_and(|t| {

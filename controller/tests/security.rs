@@ -25,8 +25,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use support::ctl::{Ctl, now_ns, wait_until};
+use support::ctl::{Ctl, now_ns};
 use warden_model::wire::{JobSignals, LogRecord, LogStream, ProcessState, RankInfo};
+use warden_testkit::{PATIENCE, wait_until};
 
 /// What one of the test's servers was sent.
 #[derive(Default)]
@@ -370,7 +371,7 @@ fn crash(c: &Ctl, shipped: &[String]) -> Value {
             })
         })
     };
-    wait_until("the crash diagnosed and decided", || {
+    wait_until("the crash diagnosed and decided", PATIENCE, || {
         c.incidents()
             .iter()
             .any(|i| i["kind"] == "crash" && i["diagnosis"].is_object() && decided(i))
@@ -465,8 +466,8 @@ fn a_log_line_ordering_the_llm_to_drain_nodes_gets_only_what_policy_decides() {
             .any(|w| w.contains("policy rule everything-else calls for notify")),
         "{timeline:?}"
     );
-    // Give remediation a few more passes to do anything it would.
-    std::thread::sleep(Duration::from_secs(2));
+    // Give remediation a whole pass more to do anything it would.
+    c.wait_for_a_full_pass();
     let done = std::fs::read_to_string(&actuator_log).unwrap_or_default();
     assert!(done.is_empty(), "the actuator was invoked: {done}");
     let actions = c.actions();
@@ -639,7 +640,7 @@ fn tokens_and_keys_appear_in_no_log_and_no_answer() {
     // echoing the key back in its error).
     c.ingest_heartbeat("node-1", 1);
     c.ingest_xid("node-1", 2);
-    wait_until("the incident diagnosed", || {
+    wait_until("the incident diagnosed", PATIENCE, || {
         c.incidents().iter().any(|i| i["diagnosis"].is_object())
     });
     let want_agent = format!("Bearer {}", secrets.agent);

@@ -16,7 +16,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
-use support::ctl::{Ctl, wait_until};
+use support::ctl::Ctl;
+use warden_testkit::{PATIENCE, wait_until};
 
 /// What the collector received: (path, content type, body) per request.
 type Received = Arc<Mutex<Vec<(String, String, Vec<u8>)>>>;
@@ -131,7 +132,9 @@ fn pipeline_is_traced_with(got: &Received, env: &[(&str, &str)], config: Option<
     env.push(("OTEL_BSP_SCHEDULE_DELAY", "100"));
     let c = Ctl::start_env(&args, None, &env);
     c.ingest_xid("node-7", 1);
-    wait_until("the GPU fault incident", || c.incidents().len() == 1);
+    wait_until("the GPU fault incident", PATIENCE, || {
+        c.incidents().len() == 1
+    });
     let id = c.incidents()[0]["id"].as_str().expect("id").to_owned();
     let (status, body) = c.call(
         "POST",
@@ -140,9 +143,37 @@ fn pipeline_is_traced_with(got: &Received, env: &[(&str, &str)], config: Option<
         br#"{"note":"on it"}"#,
     );
     assert_eq!(status, 200, "{body}");
-    wait_until("the acknowledgement's span", || {
-        spans(got).iter().any(|(_, s)| s.name == "action")
-    });
+    // Spans are exported in batches as they end: wait for every one the checks below
+    // read, not only for the last to end.
+    let names_incident = |s: &Span| {
+        s.events.iter().any(|e| {
+            e.name == "incident changed"
+                && attr(&e.attributes, "incident").as_deref() == Some(id.as_str())
+        })
+    };
+    wait_until(
+        "the spans of the ingest, the pass that opened the incident, its store write \
+         and the acknowledgement",
+        PATIENCE,
+        || {
+            let all = spans(got);
+            let has = |n: &str, also: &dyn Fn(&Span) -> bool| {
+                all.iter().any(|(_, s)| s.name == n && also(s))
+            };
+            let opening = all
+                .iter()
+                .find(|(_, s)| s.name == "detect_pass" && names_incident(s));
+            has("ingest", &|_| true)
+                && has("action", &|s| {
+                    attr(&s.attributes, "kind").as_deref() == Some("acknowledge")
+                })
+                && opening.is_some_and(|(_, p)| {
+                    has("store.sync", &|s| {
+                        s.parent_span_id == p.span_id && s.trace_id == p.trace_id
+                    })
+                })
+        },
+    );
     let all = spans(got);
     assert!(
         all.iter().all(|(svc, _)| svc == "warden-controller"),
@@ -168,12 +199,7 @@ fn pipeline_is_traced_with(got: &Received, env: &[(&str, &str)], config: Option<
     let passes = named("detect_pass");
     let opening = passes
         .iter()
-        .find(|s| {
-            s.events.iter().any(|e| {
-                e.name == "incident changed"
-                    && attr(&e.attributes, "incident").as_deref() == Some(id.as_str())
-            })
-        })
+        .find(|s| names_incident(s))
         .expect("a detector pass whose event names the incident");
     assert_eq!(
         attr(&opening.attributes, "changes").as_deref(),
@@ -203,7 +229,7 @@ fn pipeline_is_traced_with(got: &Received, env: &[(&str, &str)], config: Option<
     assert!(ack.end_time_unix_nano >= ack.start_time_unix_nano);
     // The diagnosis of the new incident (from the lines the controller holds: no agent
     // answers here) is a span with its answer.
-    wait_until("the diagnosis span", || {
+    wait_until("the diagnosis span", PATIENCE, || {
         spans(got).iter().any(|(_, s)| s.name == "diagnose")
     });
     let all = spans(got);
@@ -253,6 +279,6 @@ fn a_collector_that_is_not_there_does_not_stop_the_pipeline() {
     for seq in 1..=3 {
         c.ingest_xid(&format!("node-{seq}"), seq);
     }
-    wait_until("three incidents", || c.incidents().len() == 3);
+    wait_until("three incidents", PATIENCE, || c.incidents().len() == 3);
     c.kill();
 }

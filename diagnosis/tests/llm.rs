@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser, LlmError, Outcome};
 use warden_diagnosis::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus};
+use warden_testkit::{PATIENCE, poll_async, scaled, wait_for_async};
 
 /// One scripted reply of the test server.
 #[derive(Clone)]
@@ -28,6 +29,9 @@ enum Reply {
     Status(u16, String),
     /// Waits, then replies.
     Slow(Duration, Box<Reply>),
+    /// Waits until this many requests have been in flight at once (at most
+    /// [`PATIENCE`]), then replies.
+    Together(usize, Box<Reply>),
 }
 
 #[derive(Default)]
@@ -77,9 +81,12 @@ impl TestServer {
         self.state.bodies.lock().expect("lock").clone()
     }
 
+    /// A client of this server. An answer is waited for as long as a test waits for
+    /// anything: on a busy machine a short timeout would turn a good answer into a
+    /// fallback. Tests of the timeout set their own.
     fn config(&self) -> LlmConfig {
         let mut c = LlmConfig::new(&self.url, "test-model");
-        c.timeout_ms = 2_000;
+        c.timeout_ms = u64::try_from(scaled(PATIENCE).as_millis()).expect("a timeout in ms");
         c.retry_backoff_ms = 5;
         c
     }
@@ -106,6 +113,17 @@ async fn completions(
     let reply = next
         .or_else(|| state.fallback.lock().expect("lock").clone())
         .unwrap_or(Reply::Answer(good_answer()));
+    let reply = match reply {
+        Reply::Together(n, then) => {
+            let _ = poll_async(PATIENCE, || {
+                let met = state.max_in_flight.load(Ordering::SeqCst) >= n;
+                async move { met.then_some(()) }
+            })
+            .await;
+            *then
+        }
+        other => other,
+    };
     let resp = render(reply).await;
     state.in_flight.fetch_sub(1, Ordering::SeqCst);
     resp
@@ -129,6 +147,8 @@ fn render(reply: Reply) -> std::pin::Pin<Box<dyn std::future::Future<Output = Re
                 tokio::time::sleep(d).await;
                 render(*then).await
             }
+            // Waited for in `completions`, which sees the server's state.
+            Reply::Together(_, then) => render(*then).await,
         }
     })
 }
@@ -435,8 +455,11 @@ async fn a_truncated_answer_falls_back() {
 
 #[tokio::test]
 async fn a_slow_answer_times_out() {
+    // The server holds its answer for an hour; the client gives up after 200 ms. How
+    // long that took is printed, not asserted: the test waits for the fallback as long
+    // as it waits for anything, and only an hour-long wait would mean no timeout.
     let server = TestServer::start(vec![Reply::Slow(
-        Duration::from_secs(5),
+        Duration::from_secs(3600),
         Box::new(Reply::Answer(good_answer())),
     )])
     .await;
@@ -445,15 +468,18 @@ async fn a_slow_answer_times_out() {
     cfg.max_retries = 0;
     let llm = LlmDiagnoser::new(cfg).expect("client");
     let started = std::time::Instant::now();
-    let (d, outcome) = llm.refine(&rules_answer(), &evidence()).await;
+    let (d, outcome) =
+        tokio::time::timeout(scaled(PATIENCE), llm.refine(&rules_answer(), &evidence()))
+            .await
+            .expect("the timeout held: the client stopped waiting for the slow answer");
+    println!(
+        "a 200 ms timeout ended the wait after {:?}",
+        started.elapsed()
+    );
     assert_fell_back(&d, &outcome, "timeout");
     assert_eq!(
         outcome,
         Outcome::Fallback(LlmError::Timeout { attempts: 1 })
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "the timeout held"
     );
 }
 
@@ -679,10 +705,16 @@ async fn the_token_budget_refuses_once_spent() {
 
 #[tokio::test]
 async fn the_concurrency_cap_holds() {
+    // Every answer waits until two requests have been in flight at once, so the cap is
+    // reached however slowly the requests arrive; then each waits a little more, long
+    // enough for a third to arrive if the cap let it through.
     let server = TestServer::start(vec![]).await;
-    server.then_always(Reply::Slow(
-        Duration::from_millis(100),
-        Box::new(Reply::Answer(good_answer())),
+    server.then_always(Reply::Together(
+        2,
+        Box::new(Reply::Slow(
+            Duration::from_millis(100),
+            Box::new(Reply::Answer(good_answer())),
+        )),
     ));
     let mut cfg = server.config();
     cfg.max_concurrency = 2;
@@ -707,24 +739,35 @@ async fn the_concurrency_cap_holds() {
 #[tokio::test]
 async fn refine_is_cancelled_by_dropping_it() {
     let server = TestServer::start(vec![Reply::Slow(
-        Duration::from_secs(5),
+        Duration::from_secs(3600),
         Box::new(Reply::Answer(good_answer())),
     )])
     .await;
     let mut cfg = server.config();
     cfg.max_concurrency = 1;
     let llm = LlmDiagnoser::new(cfg).expect("client");
-    let cancelled = tokio::time::timeout(
-        Duration::from_millis(100),
-        llm.refine(&rules_answer(), &evidence()),
-    )
-    .await;
-    assert!(cancelled.is_err(), "still waiting when dropped");
+    let rules = rules_answer();
+    let ev = evidence();
+    {
+        // Dropped once the server holds its request: the refine has its permit and
+        // waits for the answer.
+        let mut first = std::pin::pin!(llm.refine(&rules, &ev));
+        tokio::select! {
+            done = &mut first => panic!("the first refine ended before it was dropped: {done:?}"),
+            () = wait_for_async("the first request at the server", PATIENCE, || {
+                let n = server.requests();
+                async move { (n >= 1).then_some(()) }
+            }) => {}
+        }
+    }
     // The permit went with it: the next request is not blocked behind the dropped one.
     let mut ev = evidence();
     ev.truncate(2);
-    let (_, o) = llm.refine(&rules_answer(), &ev).await;
+    let (_, o) = tokio::time::timeout(scaled(PATIENCE), llm.refine(&rules, &ev))
+        .await
+        .expect("the next refine is not blocked behind the dropped one");
     assert_eq!(o.label(), "refined");
+    assert_eq!(server.requests(), 2);
 }
 
 #[tokio::test]

@@ -4,7 +4,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use warden_controller::diagnosis::{
     self, AgentLine, Diagnoser, DiagnosisConfig, FetchError, FetchFuture, LogSource, WindowRequest,
@@ -13,6 +12,7 @@ use warden_controller::{Engine, EngineConfig, IncidentChange, ManualClock, Share
 use warden_diagnosis::rules::RuleSet;
 use warden_model::{IncidentKind, IncidentState};
 use warden_sim::{RunOptions, SIM_EPOCH, Scenario, Simulation};
+use warden_testkit::{PATIENCE, wait_for_async};
 
 /// Agents that answer for some nodes only; the others are unreachable.
 #[derive(Debug)]
@@ -71,18 +71,15 @@ fn diagnose_all(engine: &SharedEngine, changes: &[IncidentChange], agents: Arc<A
     runtime.block_on(async {
         let queue = diagnosis::start(diagnoser, engine.clone(), clock, None);
         queue.submit_opened(changes);
-        for _ in 0..500 {
-            if engine
+        wait_for_async("every incident diagnosed", PATIENCE, || {
+            let done = engine
                 .lock()
                 .incidents()
                 .iter()
-                .all(|i| i.diagnosis.is_some())
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("not every incident was diagnosed");
+                .all(|i| i.diagnosis.is_some());
+            async move { done.then_some(()) }
+        })
+        .await;
     });
 }
 

@@ -9,9 +9,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use warden_nccl_profiler::segment::{self, Kind, Phase, Snapshot};
+use warden_testkit::{PATIENCE, wait_for};
 
 const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/harness/harness.c");
 
@@ -120,18 +120,20 @@ fn start_and_wait_stopped(mut cmd: Command) -> Child {
         .env("HARNESS_STOP", "1")
         .spawn()
         .expect("spawn the harness");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !stopped(child.id()) {
-        if let Ok(Some(status)) = child.try_wait() {
-            let out = child.wait_with_output().expect("harness output");
-            panic!(
-                "harness exited ({status}) before stopping:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+    // `None` once it stopped itself, its exit status if it exited first.
+    let exited = wait_for("the harness to stop itself", PATIENCE, || {
+        if stopped(child.id()) {
+            return Some(None);
         }
-        assert!(Instant::now() < deadline, "harness never stopped");
-        std::thread::sleep(Duration::from_millis(20));
+        child.try_wait().ok().flatten().map(Some)
+    });
+    if let Some(status) = exited {
+        let out = child.wait_with_output().expect("harness output");
+        panic!(
+            "harness exited ({status}) before stopping:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     child
 }

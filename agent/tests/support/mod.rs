@@ -1,6 +1,7 @@
 //! Helpers for tests that run the `warden-agent` binary: a controller stand-in that
 //! decodes batches with the controller's own decoder, the agent process, and scraping
-//! its `/metrics`.
+//! its `/metrics`. Every wait here polls for the state asked for, under
+//! [`warden_testkit::PATIENCE`].
 #![allow(dead_code)]
 
 use std::io::Write;
@@ -8,12 +9,13 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
 use warden_model::wire::Batch;
+use warden_testkit::{PATIENCE, poll, scaled, wait_for};
 
 /// A port nothing listens on right now.
 pub fn free_port() -> u16 {
@@ -30,16 +32,23 @@ pub struct AgentProc {
 }
 
 impl AgentProc {
-    /// The agent process `child`, once it serves `/metrics` on `port` (at most 30 s).
+    /// The agent process `child`, once it serves `/metrics` on `port`. Fails at once
+    /// when the process exits first, and after [`PATIENCE`] when it never answers.
+    #[track_caller]
     pub fn ready(child: Child, port: u16) -> AgentProc {
-        let agent = AgentProc { child, port };
-        let started = Instant::now();
-        while agent.scrape().is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "agent did not start (see its log above)"
-            );
-            std::thread::sleep(Duration::from_millis(100));
+        let mut agent = AgentProc { child, port };
+        let exited = wait_for(
+            "the agent to serve /metrics (see its log above)",
+            PATIENCE,
+            || {
+                if http_get(port, "/metrics").is_some() {
+                    return Some(None);
+                }
+                agent.child.try_wait().ok().flatten().map(Some)
+            },
+        );
+        if let Some(status) = exited {
+            panic!("the agent exited ({status}) before it served /metrics (see its log above)");
         }
         agent
     }
@@ -105,6 +114,47 @@ impl AgentProc {
     pub fn scrape(&self) -> Option<String> {
         http_get(self.port, "/metrics")
     }
+
+    /// The `/metrics` text, waiting up to [`PATIENCE`] for an answer (a busy agent may
+    /// miss one).
+    #[track_caller]
+    pub fn metrics(&self) -> String {
+        wait_for("an answer from the agent's /metrics", PATIENCE, || {
+            self.scrape()
+        })
+    }
+
+    /// The first `/metrics` text for which `pred` holds, waiting up to [`PATIENCE`];
+    /// panics naming `what`, with the last text scraped.
+    #[track_caller]
+    pub fn wait_metrics(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let mut last = None;
+        let found = poll(PATIENCE, || {
+            let m = self.scrape()?;
+            if pred(&m) {
+                return Some(m);
+            }
+            last = Some(m);
+            None
+        });
+        match found {
+            Some(m) => m,
+            None => panic!(
+                "timed out after {:?} waiting for {what}; the last /metrics:\n{}",
+                scaled(PATIENCE),
+                last.as_deref().unwrap_or("(no answer)")
+            ),
+        }
+    }
+
+    /// The first `/metrics` text in which the series `name` (labels included, as
+    /// exported) has a value for which `pred` holds, waiting up to [`PATIENCE`].
+    #[track_caller]
+    pub fn wait_metric(&self, name: &str, pred: impl Fn(f64) -> bool) -> String {
+        self.wait_metrics(&format!("{name} to reach the value asked for"), |m| {
+            metric(m, name).is_some_and(&pred)
+        })
+    }
 }
 
 impl Drop for AgentProc {
@@ -117,7 +167,9 @@ impl Drop for AgentProc {
 /// Body of `GET path` on 127.0.0.1:`port`.
 pub fn http_get(port: u16, path: &str) -> Option<String> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    // Generous: a loaded machine may take seconds to answer; a connection refused
+    // still ends at once.
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
     let mut out = String::new();
     std::io::Read::read_to_string(&mut s, &mut out).ok()?;
@@ -190,16 +242,30 @@ impl Sink {
         Sink { got, bytes }
     }
 
-    /// Wait up to `limit` for `pred` to hold over the batches received.
-    pub fn wait_for(&self, limit: Duration, pred: impl Fn(&[Batch]) -> bool) -> bool {
-        let t = Instant::now();
-        while t.elapsed() < limit {
-            if pred(&self.got.lock().expect("lock")) {
-                return true;
+    /// The batches received, once `pred` holds over them: the very list `pred` saw,
+    /// so that what is asserted afterwards is the state that was waited for. Waits up
+    /// to [`PATIENCE`]; panics naming `what`, with what did arrive.
+    #[track_caller]
+    pub fn wait_for(&self, what: &str, pred: impl Fn(&[Batch]) -> bool) -> Vec<Batch> {
+        let found = poll(PATIENCE, || {
+            let got = self.got.lock().expect("lock");
+            pred(&got).then(|| got.clone())
+        });
+        match found {
+            Some(batches) => batches,
+            None => {
+                let got = self.got.lock().expect("lock");
+                panic!(
+                    "timed out after {:?} waiting for {what}: {} batches arrived, with {} \
+                     events, {} GPU samples and {} job signals",
+                    scaled(PATIENCE),
+                    got.len(),
+                    got.iter().map(|b| b.events.len()).sum::<usize>(),
+                    got.iter().map(|b| b.gpus.len()).sum::<usize>(),
+                    got.iter().map(|b| b.jobs.len()).sum::<usize>(),
+                )
             }
-            std::thread::sleep(Duration::from_millis(100));
         }
-        false
     }
 }
 

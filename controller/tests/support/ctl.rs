@@ -7,10 +7,11 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use warden_model::wire::{Batch, EventSeverity, Heartbeat, JobSignals, NodeEvent, NodeEventKind};
+use warden_testkit::{PATIENCE, poll, wait_for, wait_until};
 
 use super::{free_port, http_get};
 
@@ -73,25 +74,22 @@ impl Ctl {
                 kept.lock().expect("lock").push(line);
             }
         });
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while http_get(port, "/healthz").is_none_or(|(s, _)| s != 200) {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("warden-controller exited early: {status}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "warden-controller never answered"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ctl {
+        let mut c = Ctl {
             child,
             port,
             stderr: rx,
             printed,
             readers: vec![stderr_reader, stdout_reader],
             token: None,
-        }
+        };
+        // Built first, so that a controller that never answers is killed on the way out.
+        wait_until("warden-controller to answer /healthz", PATIENCE, || {
+            if let Ok(Some(status)) = c.child.try_wait() {
+                panic!("warden-controller exited early: {status}");
+            }
+            http_get(c.port, "/healthz").is_some_and(|(s, _)| s == 200)
+        });
+        c
     }
 
     /// Send `token` as a bearer token with every call from now on.
@@ -121,17 +119,25 @@ impl Ctl {
         self.printed()
     }
 
-    /// Wait until stderr says the failpoint was reached.
+    /// Wait until a line of stderr not read yet holds `needle` (e.g. a failpoint
+    /// reached); the lines before it are read and dropped.
     pub fn wait_for(&self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.stderr.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return,
-                Ok(_) => {}
-                Err(_) => panic!("{needle:?} never appeared"),
+        let seen = poll(PATIENCE, || {
+            loop {
+                match self.stderr.try_recv() {
+                    Ok(line) if line.contains(needle) => return Some(()),
+                    Ok(_) => {}
+                    Err(mpsc::TryRecvError::Empty) => return None,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        panic!("the controller closed stderr before {needle:?} appeared")
+                    }
+                }
             }
-        }
+        });
+        assert!(
+            seen.is_some(),
+            "{needle:?} never appeared on the controller's stderr (its output is above)"
+        );
     }
 
     /// `GET path`, expecting 200 and JSON.
@@ -186,7 +192,7 @@ impl Ctl {
 
     /// Read the whole answer on `s`: (status, body).
     fn answer(mut s: TcpStream) -> (u16, String) {
-        s.set_read_timeout(Some(Duration::from_secs(10)))
+        s.set_read_timeout(Some(warden_testkit::scaled(PATIENCE)))
             .expect("timeout");
         let mut text = String::new();
         s.read_to_string(&mut text).expect("read");
@@ -217,15 +223,28 @@ impl Ctl {
         self.ingest(&batch_jobs(node, seq, events, jobs));
     }
 
-    /// Post an encoded batch, expecting 200.
-    fn ingest(&self, batch: &[u8]) {
-        let (status, body) = self.call(
-            "POST",
-            "/api/v1/ingest",
-            "application/vnd.warden.batch",
-            batch,
-        );
-        assert_eq!(status, 200, "{body}");
+    /// Post an encoded batch as an agent does: sent again while the answer is 503 (the
+    /// batch was applied but is not stored yet, or a follower knows no leader yet) until
+    /// it is 200; any other answer fails the test.
+    pub fn ingest(&self, batch: &[u8]) {
+        let mut last = String::new();
+        let stored = poll(PATIENCE, || {
+            let (status, body) = self.call(
+                "POST",
+                "/api/v1/ingest",
+                "application/vnd.warden.batch",
+                batch,
+            );
+            match status {
+                200 => Some(()),
+                503 => {
+                    last = body;
+                    None
+                }
+                _ => panic!("ingest answered {status}: {body}"),
+            }
+        });
+        assert!(stored.is_some(), "the batch was never stored: {last}");
     }
 
     /// Whether the process still runs.
@@ -252,6 +271,46 @@ impl Ctl {
             .as_array()
             .expect("array")
             .clone()
+    }
+
+    /// Wait until the action of `kind` on `target` has finished, and return it. An
+    /// action is listed as soon as it is recorded as intended, before it runs; its
+    /// result and finish time come after ([`finished`]).
+    pub fn finished_action(&self, kind: &str, target: &str) -> Value {
+        wait_for(
+            &format!("the {kind} of {target} finished"),
+            PATIENCE,
+            || {
+                self.actions()
+                    .into_iter()
+                    .find(|a| a["kind"] == kind && a["target"] == target && finished(a))
+            },
+        )
+    }
+
+    /// `warden_detector_ticks_total`: detector passes begun so far (0 on a controller
+    /// that does not lead).
+    pub fn ticks(&self) -> u64 {
+        let (status, text) = http_get(self.port, "/metrics").expect("the controller answers");
+        assert_eq!(status, 200, "{text}");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("warden_detector_ticks_total ")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Wait until a whole round of the detector loop (detector pass, store write,
+    /// remediation pass) and the store write after it have run since this call: the
+    /// barrier before a check that something did not happen.
+    pub fn wait_for_a_full_pass(&self) {
+        let seen = self.ticks();
+        wait_until("a whole detector round after now", PATIENCE, || {
+            self.ticks() >= seen + 3
+        });
     }
 }
 
@@ -330,13 +389,10 @@ pub fn now_ns() -> i64 {
         .as_nanos() as i64
 }
 
-/// Poll `f` every 100 ms until it holds; fail after 20 s naming `what`.
-pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// Whether action `a` (an entry of `GET /api/v1/actions`) has finished: out of the
+/// `intended` state, with its result and finish time.
+pub fn finished(a: &Value) -> bool {
+    a["status"] != "intended" && a["result"].is_string() && !a["finished_at"].is_null()
 }
 
 /// The actions people took (not remediation's, which records even its dry runs).

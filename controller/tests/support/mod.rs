@@ -11,7 +11,8 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+use warden_testkit::{PATIENCE, wait_until};
 
 /// A port nothing listens on right now.
 pub fn free_port() -> u16 {
@@ -24,7 +25,8 @@ pub fn free_port() -> u16 {
 /// `GET path` on `127.0.0.1:port`: (status, body), or `None` when nothing answers.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.set_read_timeout(Some(warden_testkit::scaled(PATIENCE)))
+        .ok()?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
@@ -68,17 +70,13 @@ impl Controller {
             .spawn()
             .expect("warden-controller starts");
         let mut c = Controller { child, port, data };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while http_get(port, "/healthz").is_none_or(|(s, _)| s != 200) {
+        // Built first, so that a controller that never answers is killed on the way out.
+        wait_until("warden-controller to answer /healthz", PATIENCE, || {
             if let Ok(Some(status)) = c.child.try_wait() {
                 panic!("warden-controller exited early: {status}");
             }
-            assert!(
-                Instant::now() < deadline,
-                "warden-controller never answered"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            http_get(c.port, "/healthz").is_some_and(|(s, _)| s == 200)
+        });
         c
     }
 

@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use warden_testkit::PATIENCE;
+
 /// Programs the cluster needs, and the Debian package of each.
 pub const PROGRAMS: &[(&str, &str)] = &[
     ("munged", "munge"),
@@ -247,7 +249,7 @@ impl SlurmCluster {
             name: "munged".into(),
             child: munged,
         });
-        cluster.wait_for("munged's socket", Duration::from_secs(10), |_| {
+        cluster.wait_for("munged's socket", PATIENCE, |_| {
             socket.exists().then_some(())
         });
 
@@ -335,7 +337,7 @@ impl SlurmCluster {
             name: "slurmctld".into(),
             child: ctld,
         });
-        cluster.wait_for("slurmctld to answer", Duration::from_secs(20), |c| {
+        cluster.wait_for("slurmctld to answer", PATIENCE, |c| {
             c.command("scontrol")
                 .arg("ping")
                 .output()
@@ -364,7 +366,7 @@ impl SlurmCluster {
                 },
             );
         }
-        cluster.wait_for("every node idle", Duration::from_secs(30), |c| {
+        cluster.wait_for("every node idle", PATIENCE, |c| {
             let states = c.node_states();
             (states.len() == c.nodes.len() && states.values().all(|s| s == "idle")).then_some(())
         });
@@ -523,24 +525,21 @@ impl SlurmCluster {
         })
     }
 
-    /// Poll `f` every 100 ms until it gives a value; panics with the logs at `timeout`.
+    /// Poll `f` until it gives a value; panics with the logs at `timeout` (scaled by
+    /// `WARDEN_TEST_PATIENCE`, see `warden_testkit`).
     pub fn wait_for<T>(
         &self,
         what: &str,
         timeout: Duration,
         mut f: impl FnMut(&Self) -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(v) = f(self) {
-                return v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out after {timeout:?} waiting for {what}\n{}",
+        match warden_testkit::poll(timeout, || f(self)) {
+            Some(v) => v,
+            None => panic!(
+                "timed out after {:?} waiting for {what}\n{}",
+                warden_testkit::scaled(timeout),
                 self.logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+            ),
         }
     }
 

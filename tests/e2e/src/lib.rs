@@ -19,7 +19,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 
@@ -64,7 +64,7 @@ pub fn repo() -> PathBuf {
 /// `(status, body)` of an HTTP/1.0 request to 127.0.0.1:`port`.
 pub fn http(port: u16, method: &str, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.set_read_timeout(Some(scaled(PATIENCE))).ok()?;
     write!(
         s,
         "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n"
@@ -85,19 +85,9 @@ pub fn get_json(port: u16, path: &str) -> Option<Value> {
     }
 }
 
-/// Poll `f` every 200 ms until it gives a value or `limit` passes.
-pub fn poll<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+/// The workspace's one way of waiting: poll for the exact state an assertion needs,
+/// under a deadline scaled by `WARDEN_TEST_PATIENCE`.
+pub use warden_testkit::{PATIENCE, poll, scaled};
 
 /// The programs the loop runs.
 #[derive(Debug, Clone)]
@@ -497,7 +487,7 @@ fn write(path: &Path, text: &str) {
 }
 
 fn wait_ready(proc: &mut Proc, port: u16, path: &str) {
-    let ok = poll(Duration::from_secs(60), || {
+    let ok = poll(PATIENCE, || {
         proc.check_alive();
         http(port, "GET", path)
             .filter(|(s, _)| *s == 200)
@@ -788,8 +778,9 @@ impl FullLoop {
     pub fn wait_step(&self, job: &Job, step: u64, limit: Duration) {
         if poll(limit, || (self.last_step(job) >= step).then_some(())).is_none() {
             panic!(
-                "job {} did not reach step {step} in {limit:?}\n{}",
+                "job {} did not reach step {step} in {:?}\n{}",
                 job.id,
+                scaled(limit),
                 self.state(Some(job))
             );
         }
