@@ -297,8 +297,8 @@ fn a_bad_config_names_the_field_and_exits_64_before_binding() {
 fn the_controller_diagnoses_from_the_agents_log_window() {
     use std::sync::Arc;
     use warden_controller::diagnosis::{Diagnoser, DiagnosisConfig, HttpLogSource};
-    use warden_controller::engine::{DiagnosisRequest, HeldLine};
     use warden_diagnosis::rules::RuleSet;
+    use warden_engine::engine::{DiagnosisRequest, HeldLine};
     use warden_model::Timestamp;
 
     let dir = tempfile::tempdir().expect("tempdir");

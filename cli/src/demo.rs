@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use warden_controller::SharedEngine;
 use warden_controller::api::{self, ApiState, DEFAULT_MAX_BATCH_BYTES};
 use warden_controller::auth::Auth;
 use warden_controller::diagnosis;
@@ -18,9 +19,9 @@ use warden_controller::operate::Operator;
 use warden_controller::persist::Persister;
 use warden_controller::remedy::run::{Remediator, RemedyConfig};
 use warden_controller::store::Store;
-use warden_controller::view::IncidentView;
-use warden_controller::{Change, Clock, Engine, EngineConfig, ManualClock, SharedEngine};
 use warden_diagnosis::rules::RuleSet;
+use warden_engine::{Change, Clock, Engine, EngineConfig, ManualClock};
+use warden_model::view::IncidentView;
 use warden_model::{IncidentState, Timestamp};
 use warden_sim::{Progress, RunOptions, SIM_EPOCH, Scenario, Simulation};
 
@@ -146,7 +147,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
 
     let rules = RuleSet::builtin().context("loading the shipped log rules")?;
     let mut sim = Simulation::new(&scenario, RunOptions::default());
-    let mut sink = engine.clone();
+    let mut sink = engine.engine();
     let mut status = Status::new(std::io::stderr().is_terminal());
     let started = Instant::now();
     let mut pace = tokio::time::interval(STEP_WALL);
@@ -230,7 +231,7 @@ fn diagnose_opened(
     engine: &SharedEngine,
     rules: &RuleSet,
     metrics: &Metrics,
-    changes: &mut Vec<warden_controller::IncidentChange>,
+    changes: &mut Vec<warden_engine::IncidentChange>,
     now: Timestamp,
 ) {
     let opened: Vec<String> = changes
@@ -342,7 +343,10 @@ fn print_summary(sim: &Simulation, engine: &SharedEngine, wall: f64, interrupted
         );
     }
     println!("Incidents ({}):", incidents.len());
-    print!("{}", show::table(&incidents));
+    print!(
+        "{}",
+        show::fit(&show::table(&incidents), show::terminal_width())
+    );
 }
 
 /// The progress display on stderr: one line rewritten in place on a terminal, a line

@@ -5,13 +5,16 @@
 //! and `whoami` work with a running controller over its API (docs/CLI.md).
 
 mod client;
+#[cfg(feature = "demo")]
 mod demo;
 mod diagnose;
 mod ops;
 mod settings;
 mod show;
+#[cfg(feature = "demo")]
 mod sim;
 
+#[cfg(feature = "demo")]
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,8 +42,10 @@ struct Cli {
 enum Command {
     /// Run a simulated 256-GPU job with injected faults against an in-process
     /// controller, print each incident as it is found, and serve the API meanwhile.
+    #[cfg(feature = "demo")]
     Demo(DemoArgs),
     /// Run a scenario file as fast as possible and summarise what was detected.
+    #[cfg(feature = "demo")]
     Sim(SimArgs),
     /// Classify a failure from its logs (files, or stdin): category, fault locus,
     /// culprit, evidence; optionally refined by a model. With --eval, score the rules
@@ -80,6 +85,7 @@ const OPS_COMMANDS: [&str; 6] = [
 ];
 
 /// Options of `warden demo`.
+#[cfg(feature = "demo")]
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Scenario file to run instead of the built-in fault mix.
@@ -97,6 +103,7 @@ pub struct DemoArgs {
 }
 
 /// Options of `warden sim`.
+#[cfg(feature = "demo")]
 #[derive(Debug, clap::Args)]
 pub struct SimArgs {
     /// Scenario file (YAML).
@@ -171,7 +178,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
+        #[cfg(feature = "demo")]
         Command::Demo(args) => demo::main(args),
+        #[cfg(feature = "demo")]
         Command::Sim(args) => sim::main(&args),
         Command::Diagnose(args) => diagnose::main(&args),
         Command::Version => {

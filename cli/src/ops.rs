@@ -6,9 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::{Value, json};
-use warden_controller::remedy::run::RemedyStatus;
-use warden_controller::view::{IncidentView, NodeView};
 use warden_diagnosis::llm::ApiKey;
+use warden_model::view::{IncidentView, NodeView, RemedyStatus};
 
 use crate::client::{ApiClient, OpsError, encode};
 use crate::settings::{EnvValues, FlagValues, Settings};
@@ -211,7 +210,10 @@ pub fn nodes(args: PlainArgs) -> ExitCode {
                 return print_json(&a.json);
             }
             let nodes: Vec<NodeView> = parse(c, a.json)?;
-            print!("{}", show::node_rows(&nodes, now()));
+            print!(
+                "{}",
+                show::fit(&show::node_rows(&nodes, now()), show::terminal_width())
+            );
             Ok(())
         })
     })
@@ -441,7 +443,13 @@ async fn list(c: &ApiClient, out: Output, l: &ListArgs) -> Result<(), OpsError> 
         print_json(&Value::Array(items))?;
     } else {
         let incidents: Vec<IncidentView> = parse(c, Value::Array(items))?;
-        print!("{}", show::incident_rows(&incidents, now()));
+        print!(
+            "{}",
+            show::fit(
+                &show::incident_rows(&incidents, now()),
+                show::terminal_width()
+            )
+        );
     }
     if let Some(next) = more {
         eprintln!("warden: more incidents: --after {next}, or --all");

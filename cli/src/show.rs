@@ -2,11 +2,13 @@
 
 use std::fmt::Write as _;
 
-use warden_controller::Change;
-use warden_controller::remedy::run::RemedyStatus;
-use warden_controller::store::ActionRecord;
-use warden_controller::view::{IncidentView, NodeView};
+#[cfg(feature = "demo")]
+use warden_engine::Change;
+#[cfg(feature = "demo")]
 use warden_model::Timestamp;
+#[cfg(feature = "demo")]
+use warden_model::view::ActionRecord;
+use warden_model::view::{IncidentView, NodeView, RemedyStatus};
 
 /// `[0, 1, 2, 3, 7]` as `0-3, 7`.
 pub fn ranges(v: &[u32]) -> String {
@@ -80,6 +82,7 @@ pub fn culprit(inc: &IncidentView) -> String {
 }
 
 /// The verb for a change.
+#[cfg(feature = "demo")]
 pub fn verb(change: Change) -> &'static str {
     match change {
         Change::Opened => "OPENED",
@@ -93,6 +96,7 @@ pub fn verb(change: Change) -> &'static str {
 }
 
 /// A multi-line description of an incident change, ending in a newline.
+#[cfg(feature = "demo")]
 pub fn incident(change: Change, inc: &IncidentView) -> String {
     if change == Change::Diagnosed {
         return diagnosis(inc);
@@ -141,6 +145,7 @@ pub fn incident(change: Change, inc: &IncidentView) -> String {
 }
 
 /// The diagnosis of an incident in a few lines, ending in a newline.
+#[cfg(feature = "demo")]
 fn diagnosis(inc: &IncidentView) -> String {
     let mut s = String::new();
     let at = inc.timeline.last().map_or(inc.detected_s, |t| t.at_s);
@@ -168,6 +173,7 @@ fn diagnosis(inc: &IncidentView) -> String {
 
 /// What remediation did in its last pass over an incident: the timeline entries of
 /// that moment, ending in a newline.
+#[cfg(feature = "demo")]
 fn remediated(inc: &IncidentView) -> String {
     let mut s = String::new();
     let Some(last) = inc.timeline.last() else {
@@ -222,6 +228,7 @@ pub fn remediation(r: &RemedyStatus) -> String {
 }
 
 /// The actions taken, one line each under a heading, ending in a newline.
+#[cfg(feature = "demo")]
 pub fn actions(actions: &[ActionRecord], origin: Timestamp) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "Actions ({}):", actions.len());
@@ -242,31 +249,33 @@ pub fn actions(actions: &[ActionRecord], origin: Timestamp) -> String {
     s
 }
 
-/// A table of incidents, one line each, ending in a newline.
+/// A summary table of incidents (`warden demo`'s last word), one line each, indented
+/// two spaces, ending in a newline.
+#[cfg(feature = "demo")]
 pub fn table(incidents: &[IncidentView]) -> String {
-    let mut s = String::new();
     if incidents.is_empty() {
-        s.push_str("  (no incidents)\n");
-        return s;
+        return "  (no incidents)\n".to_owned();
     }
-    let _ = writeln!(
-        s,
-        "  {:<10} {:<24} {:<9} {:>10} {:>6}  culprit",
-        "kind", "id", "state", "detected_s", "conf"
-    );
-    for i in incidents {
-        let _ = writeln!(
-            s,
-            "  {:<10} {:<24} {:<9} {:>10.1} {:>5.0}%  {}",
-            i.kind.as_str(),
-            i.id,
-            i.state.as_str(),
-            i.detected_s,
-            i.confidence * 100.0,
-            culprit(i)
-        );
-    }
-    s
+    let rows: Vec<Vec<String>> = incidents
+        .iter()
+        .map(|i| {
+            vec![
+                i.kind.as_str().to_owned(),
+                i.id.clone(),
+                i.state.as_str().to_owned(),
+                format!("{:.1}", i.detected_s),
+                format!("{:.0}%", i.confidence * 100.0),
+                culprit(i),
+            ]
+        })
+        .collect();
+    columns(
+        &["KIND", "ID", "STATE", "DETECTED_S", "CONF", "CULPRIT"],
+        &rows,
+    )
+    .lines()
+    .map(|l| format!("  {l}\n"))
+    .collect()
 }
 
 /// Times below this (seconds) are offsets from a run's start, not epoch times: `warden
@@ -329,7 +338,8 @@ pub fn truncate(s: &str, max: usize) -> String {
 }
 
 /// Rows under a header in aligned columns (two spaces apart; the last column is not
-/// padded), ending in a newline.
+/// padded), ending in a newline. The one table layout of the CLI; [`fit`] cuts it to a
+/// terminal's width.
 pub fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
     let ncols = rows.iter().map(Vec::len).fold(header.len(), usize::max);
     let mut widths = vec![0; ncols];
@@ -481,6 +491,45 @@ pub fn incident_detail(inc: &IncidentView, now: f64) -> String {
     s
 }
 
+/// Columns of a terminal on standard output: `COLUMNS` when set, else the terminal's
+/// own width; `None` when standard output is not a terminal (a pipe or a file gets
+/// whole lines).
+pub fn terminal_width() -> Option<usize> {
+    use std::io::IsTerminal as _;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let from_env = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.trim().parse::<usize>().ok())
+        .filter(|w| *w > 0);
+    from_env.or_else(|| terminal_size::terminal_size().map(|(w, _)| usize::from(w.0)))
+}
+
+/// `text` with every line longer than `width` characters cut to it, ending in `…`
+/// (table rows keep their leading columns and lose the end of the last one). `None`:
+/// unchanged.
+pub fn fit(text: &str, width: Option<usize>) -> String {
+    let Some(width) = width.filter(|w| *w > 1) else {
+        return text.to_owned();
+    };
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (body, nl) = match line.strip_suffix('\n') {
+            Some(b) => (b, "\n"),
+            None => (line, ""),
+        };
+        if body.chars().count() > width {
+            out.extend(body.chars().take(width - 1));
+            out.push('…');
+        } else {
+            out.push_str(body);
+        }
+        out.push_str(nl);
+    }
+    out
+}
+
 /// Rows in aligned columns without a header.
 fn columns_body(rows: &[Vec<String>]) -> String {
     if rows.is_empty() {
@@ -537,6 +586,7 @@ fn diagnosis_label(d: &warden_model::IncidentDiagnosis) -> String {
 }
 
 /// What an injected fault hits, in one line.
+#[cfg(feature = "demo")]
 pub fn fault_target(f: &warden_sim::FaultRecord) -> String {
     let mut parts = vec![];
     if let Some(r) = f.rank {
@@ -560,6 +610,19 @@ pub fn fault_target(f: &warden_sim::FaultRecord) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fit_cuts_long_lines_to_the_width_and_leaves_the_rest() {
+        let text = "NODE  REASON\nn1    a reason far too long for the terminal\nn2    ok\n";
+        let cut = fit(text, Some(20));
+        let lines: Vec<&str> = cut.lines().collect();
+        assert_eq!(lines[0], "NODE  REASON");
+        assert_eq!(lines[1], "n1    a reason far …");
+        assert_eq!(lines[1].chars().count(), 20);
+        assert_eq!(lines[2], "n2    ok");
+        assert!(cut.ends_with('\n'));
+        assert_eq!(fit(text, None), text, "a pipe gets whole lines");
+    }
 
     #[test]
     fn ranges_fold_runs_and_keep_singletons() {

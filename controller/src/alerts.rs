@@ -36,9 +36,9 @@ use warden_diagnosis::llm::http::{ChatTransport, HyperTransport, origin};
 use warden_model::config::ConfigError;
 use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity, Timestamp};
 
-use crate::clock::{Clock, SystemClock};
-use crate::engine::{Change, Engine, IncidentChange};
 use crate::metrics::Metrics;
+use warden_engine::clock::{Clock, SystemClock};
+use warden_engine::{Change, Engine, IncidentChange};
 
 /// Default `alertmanager.resend_interval_secs`.
 pub const DEFAULT_RESEND_INTERVAL_SECS: u64 = 60;

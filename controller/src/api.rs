@@ -21,16 +21,17 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use warden_model::wire::Batch;
-use warden_model::{IncidentKind, IncidentState};
+use warden_model::{IncidentKind, IncidentState, Timestamp};
 
 use crate::auth::{Auth, Need, Principal, Refusal};
-use crate::clock::Clock;
-use crate::engine::{Encoding, SharedEngine};
-use crate::lifecycle::{self, Applied, Phase};
 use crate::metrics::{self, Metrics};
 use crate::operate::{OperateError, Operator};
+use crate::shared::SharedEngine;
 use crate::store::{self, ActionRecord, IncidentFilter, NodeRecord};
-use crate::view::{IncidentView, JobView, NodeView, RankView};
+use warden_engine::Encoding;
+use warden_engine::clock::Clock;
+use warden_engine::lifecycle::{self, Applied, Phase};
+use warden_model::view::{IncidentView, JobView, NodeView, RankView, rel};
 
 /// Default largest ingest body accepted, bytes.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
@@ -731,7 +732,7 @@ async fn list_nodes(State(s): State<ApiState>) -> Result<Json<Vec<NodeView>>, Ap
         let e = s.engine.lock();
         (e.agents(now), e.origin())
     };
-    Ok(Json(NodeView::merge(&agents, &drained, origin)))
+    Ok(Json(node_views(&agents, &drained, origin)))
 }
 
 /// Take a node out of scheduling.
@@ -768,10 +769,7 @@ async fn drain_node(
         .map_err(operate_error)?;
     tracing::info!(reason = %b.reason, "node drained");
     let origin = s.engine.lock().origin();
-    Ok((
-        StatusCode::CREATED,
-        Json(NodeView::from_record(&rec, None, origin)),
-    ))
+    Ok((StatusCode::CREATED, Json(node_view(&rec, None, origin))))
 }
 
 /// Give a drained node back to scheduling.
@@ -1193,4 +1191,48 @@ async fn render_metrics(State(s): State<ApiState>) -> Result<Response, ApiError>
         .render()
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], text).into_response())
+}
+
+/// The view of a drained node.
+fn node_view(rec: &NodeRecord, agent_silent_s: Option<f64>, origin: Timestamp) -> NodeView {
+    NodeView {
+        name: rec.name.clone(),
+        state: rec.state.clone(),
+        owner: Some(rec.owner.clone()),
+        reason: Some(rec.reason.clone()),
+        incident: rec.incident.clone(),
+        drained_s: Some(rel(rec.since, origin)),
+        agent_silent_s,
+    }
+}
+
+/// Agents heard from (node, seconds silent) and drained nodes, merged by name.
+fn node_views(
+    agents: &[(String, f64)],
+    drained: &[NodeRecord],
+    origin: Timestamp,
+) -> Vec<NodeView> {
+    let round_ms = |s: f64| (s * 1000.0).round() / 1000.0;
+    let mut out: Vec<NodeView> = drained
+        .iter()
+        .map(|d| {
+            let silent = agents.iter().find(|(n, _)| *n == d.name).map(|a| a.1);
+            node_view(d, silent.map(round_ms), origin)
+        })
+        .collect();
+    for (name, silent) in agents {
+        if !drained.iter().any(|d| d.name == *name) {
+            out.push(NodeView {
+                name: name.clone(),
+                state: "ready".into(),
+                owner: None,
+                reason: None,
+                incident: None,
+                drained_s: None,
+                agent_silent_s: Some(round_ms(*silent)),
+            });
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
 }

@@ -30,9 +30,10 @@ use warden_diagnosis::{Diagnosis, LogLine, PipelineOptions};
 use warden_model::wire::MAX_NAME_LEN;
 use warden_model::{DiagnosisEvidence, IncidentDiagnosis, NodeName, Timestamp};
 
-use crate::clock::Clock;
-use crate::engine::{DiagnosisRequest, IncidentChange, SharedEngine};
 use crate::metrics::Metrics;
+use crate::shared::SharedEngine;
+use warden_engine::clock::Clock;
+use warden_engine::{DiagnosisRequest, IncidentChange};
 
 /// Settings of incident diagnosis (the `diagnosis:` section of the controller config).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -631,7 +632,7 @@ impl DiagnosisQueue {
     /// Queue every newly opened incident among `changes`.
     pub fn submit_opened(&self, changes: &[IncidentChange]) {
         for c in changes {
-            if c.change == crate::engine::Change::Opened {
+            if c.change == warden_engine::Change::Opened {
                 self.submit(&c.id);
             }
         }

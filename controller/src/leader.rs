@@ -18,8 +18,8 @@ use std::time::Duration;
 use sqlx::Row;
 use warden_model::Timestamp;
 
-use crate::clock::Clock;
 use crate::store::{Backend, Store, StoreError};
+use warden_engine::clock::Clock;
 
 /// How long a lease lasts without renewal, seconds.
 pub const LEASE_SECS: i64 = 5;

@@ -11,20 +11,21 @@ use clap::{Parser, ValueEnum};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tokio::net::TcpListener;
 use tracing::Instrument;
+use warden_controller::SharedEngine;
 use warden_controller::api::{self, ApiState};
 use warden_controller::auth::{self, Auth, Role};
 use warden_controller::config::{ControllerConfig, Overrides, StoreLocation};
 use warden_controller::diagnosis::{self, Diagnoser, DiagnosisQueue, HttpLogSource};
-use warden_controller::incidents::BookConfig;
 use warden_controller::leader::{Change, Leadership};
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::{self, Operator};
 use warden_controller::persist::Persister;
 use warden_controller::store::Store;
-use warden_controller::{Clock, Engine, EngineConfig, IncidentChange, SharedEngine, SystemClock};
 use warden_controller::{forward, telemetry, tls};
 use warden_diagnosis::llm::LlmDiagnoser;
 use warden_diagnosis::rules::RuleSet;
+use warden_engine::incidents::BookConfig;
+use warden_engine::{Clock, Engine, EngineConfig, IncidentChange, SystemClock};
 use warden_model::Timestamp;
 
 /// Exit code for configuration errors (EX_USAGE in sysexits.h).

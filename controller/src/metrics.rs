@@ -10,7 +10,7 @@ use prometheus::{
 use rustc_hash::FxHashMap;
 use warden_model::{IncidentKind, IncidentState, Timestamp};
 
-use crate::engine::Engine;
+use warden_engine::Engine;
 
 /// An agent counts as alive when it was heard from within this many seconds.
 pub const AGENT_ALIVE_SECS: f64 = 30.0;
@@ -555,7 +555,7 @@ impl Metrics {
             seen: Mutex::new(Seen::default()),
         };
         // Every kind is present from the start, so dashboards and alerts see zeros.
-        for scheduler in crate::lifecycle::METRIC_SCHEDULERS {
+        for scheduler in warden_engine::lifecycle::METRIC_SCHEDULERS {
             for event in ["start", "end"] {
                 m.lifecycle.with_label_values(&[event, scheduler]);
             }
@@ -694,7 +694,7 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{Encoding, EngineConfig};
+    use warden_engine::{Encoding, EngineConfig};
 
     fn value(text: &str, series: &str) -> Option<f64> {
         text.lines()

@@ -13,10 +13,11 @@ use tokio::sync::Mutex;
 use tracing::Instrument;
 use warden_model::Timestamp;
 
-use crate::engine::{IncidentChange, SharedEngine};
-use crate::incidents::ManualError;
 use crate::persist::Persister;
+use crate::shared::SharedEngine;
 use crate::store::{ActionKind, ActionRecord, ActionStatus, NodeRecord, Store, StoreError};
+use warden_engine::IncidentChange;
+use warden_engine::incidents::ManualError;
 
 /// Longest reason or note accepted, characters.
 pub const MAX_REASON_CHARS: usize = 1024;

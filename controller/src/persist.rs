@@ -8,7 +8,7 @@
 use rustc_hash::FxHashMap;
 use warden_model::{Incident, IncidentDiagnosis, TimelineEntry, Timestamp};
 
-use crate::engine::SharedEngine;
+use crate::shared::SharedEngine;
 use crate::store::{Store, StoreError};
 
 /// How often job views are written, seconds.
@@ -158,8 +158,8 @@ impl Persister {
                     continue;
                 }
                 let phase = match j.phase {
-                    Some(crate::lifecycle::Phase::Running) => "running",
-                    Some(crate::lifecycle::Phase::Ended) => "ended",
+                    Some(warden_engine::lifecycle::Phase::Running) => "running",
+                    Some(warden_engine::lifecycle::Phase::Ended) => "ended",
                     None => "unknown",
                 };
                 match self.store.save_job(&j.job, phase, &doc, now).await {

@@ -7,7 +7,6 @@
 //! epoch. A document that no longer parses is reported with its id, never skipped.
 
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Once;
 use std::time::Duration;
 
@@ -16,7 +15,7 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 use warden_model::{Incident, IncidentKind, IncidentState, TimelineEntry, Timestamp};
 
-use crate::clock::{Clock, SystemClock};
+use warden_engine::clock::{Clock, SystemClock};
 
 /// The migrations, in order: (version, name, SQL).
 /// The schema version this binary brings its database to.
@@ -183,124 +182,7 @@ pub struct IncidentFilter {
     pub limit: u32,
 }
 
-/// What an action is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ActionKind {
-    /// Take a node out of scheduling (`POST /nodes/{name}/drain`).
-    Drain,
-    /// Give a drained node back.
-    Undrain,
-    /// A person acknowledged an incident.
-    Acknowledge,
-    /// A person resolved an incident.
-    Resolve,
-    /// Remediation isolated a node (cordon, drain).
-    Isolate,
-    /// Remediation restarted a job.
-    Restart,
-    /// The remediation circuit breaker tripped.
-    BreakerTrip,
-    /// A person reset the circuit breaker.
-    BreakerReset,
-}
-
-impl ActionKind {
-    /// The label stored and shown.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ActionKind::Drain => "drain",
-            ActionKind::Undrain => "undrain",
-            ActionKind::Acknowledge => "acknowledge",
-            ActionKind::Resolve => "resolve",
-            ActionKind::Isolate => "isolate",
-            ActionKind::Restart => "restart",
-            ActionKind::BreakerTrip => "breaker_trip",
-            ActionKind::BreakerReset => "breaker_reset",
-        }
-    }
-}
-
-impl FromStr for ActionKind {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        [
-            ActionKind::Drain,
-            ActionKind::Undrain,
-            ActionKind::Acknowledge,
-            ActionKind::Resolve,
-            ActionKind::Isolate,
-            ActionKind::Restart,
-            ActionKind::BreakerTrip,
-            ActionKind::BreakerReset,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
-        .ok_or(())
-    }
-}
-
-/// Where an action stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ActionStatus {
-    /// Recorded, not yet known to have run.
-    Intended,
-    /// Ran to the end.
-    Done,
-    /// Ran and failed.
-    Failed,
-}
-
-impl ActionStatus {
-    /// The label stored and shown.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ActionStatus::Intended => "intended",
-            ActionStatus::Done => "done",
-            ActionStatus::Failed => "failed",
-        }
-    }
-}
-
-impl FromStr for ActionStatus {
-    type Err = ();
-    fn from_str(s: &str) -> Result<Self, ()> {
-        match s {
-            "intended" => Ok(ActionStatus::Intended),
-            "done" => Ok(ActionStatus::Done),
-            "failed" => Ok(ActionStatus::Failed),
-            _ => Err(()),
-        }
-    }
-}
-
-/// One entry of the audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ActionRecord {
-    /// Stable id.
-    pub id: String,
-    /// What.
-    pub kind: ActionKind,
-    /// On what: a node name or an incident id.
-    pub target: String,
-    /// The incident it serves, if any.
-    pub incident: Option<String>,
-    /// Who: a token's name, or `warden` for the policy.
-    pub actor: String,
-    /// Why, as given.
-    pub reason: String,
-    /// Whether it only pretended.
-    pub dry_run: bool,
-    /// Where it stands.
-    pub status: ActionStatus,
-    /// What came of it, once finished.
-    pub result: Option<String>,
-    /// When it was recorded as intended.
-    pub intended_at: Timestamp,
-    /// When it finished.
-    pub finished_at: Option<Timestamp>,
-}
+pub use warden_model::view::{ActionKind, ActionRecord, ActionStatus};
 
 /// A node Warden drained.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

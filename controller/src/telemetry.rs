@@ -11,12 +11,18 @@
 //! tracing off. Spans leave in batches from a background task, so a slow or absent
 //! collector never holds the pipeline up: when the queue is full, spans are dropped.
 
+#[cfg(feature = "otel")]
 use std::sync::Arc;
+#[cfg(feature = "otel")]
 use std::time::Duration;
 
+#[cfg(feature = "otel")]
 use opentelemetry::trace::TracerProvider as _;
+#[cfg(feature = "otel")]
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::trace::SdkTracerProvider;
+#[cfg(feature = "otel")]
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use serde::Deserialize;
 
@@ -96,6 +102,7 @@ pub fn endpoint(
 /// Start exporting: a tracer provider whose batches go out from a task on the current
 /// Tokio runtime (call from inside it). `tls` is the client configuration for https
 /// collectors. Shut the provider down before the runtime stops, to send what is queued.
+#[cfg(feature = "otel")]
 pub fn start(
     config: &TracesConfig,
     endpoint: Option<String>,
@@ -134,6 +141,7 @@ pub fn start(
 }
 
 /// The `tracing` layer that turns spans into OpenTelemetry spans for `provider`.
+#[cfg(feature = "otel")]
 pub fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,

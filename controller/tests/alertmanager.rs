@@ -22,7 +22,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use warden_controller::alerts::{self, AlertmanagerConfig, AlertsConfig, SecretUrl, WebhookConfig};
 use warden_controller::metrics::Metrics;
-use warden_controller::{Change, Clock, SystemClock};
+use warden_engine::{Change, Clock, SystemClock};
 use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity};
 use warden_testkit::{PATIENCE, scaled, wait_for_async};
 

@@ -8,9 +8,10 @@ use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode, header};
 use serde_json::Value;
 use tower::ServiceExt;
+use warden_controller::SharedEngine;
 use warden_controller::api::{ApiState, router};
 use warden_controller::metrics::Metrics;
-use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
+use warden_engine::{Engine, EngineConfig, ManualClock};
 use warden_model::wire::{
     Batch, CollOp, CollectiveEvent, CommInfo, Heartbeat, JobSignals, MAGIC, RankInfo,
     TrainingMetric,
@@ -526,7 +527,7 @@ async fn lifecycle_refusals_are_400_or_415_and_name_the_problem() {
         let e = v["error"].as_str().expect("error string");
         assert!(e.contains(needle), "{needle} missing from {e}");
     }
-    let many: Vec<String> = (0..=warden_controller::lifecycle::MAX_NODES)
+    let many: Vec<String> = (0..=warden_engine::lifecycle::MAX_NODES)
         .map(|i| format!("\"n{i}\""))
         .collect();
     let body = START.replace(r#"["gpu01","gpu02"]"#, &format!("[{}]", many.join(",")));

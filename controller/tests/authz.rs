@@ -9,12 +9,13 @@ use axum::Router;
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode, header};
 use tower::ServiceExt;
+use warden_controller::SharedEngine;
 use warden_controller::api::{ApiState, ROUTES, router};
 use warden_controller::auth::{Auth, Role, hash_token};
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::Operator;
 use warden_controller::remedy::run::{Remediator, RemedyConfig};
-use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
+use warden_engine::{Engine, EngineConfig, ManualClock};
 use warden_model::Timestamp;
 
 const T0: i64 = 1_700_000_000_000_000_000;

@@ -6,10 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use warden_controller::SharedEngine;
 use warden_controller::remedy::run::{ActuatorKind, BreakerConfig, Remediator, RemedyConfig};
 use warden_controller::remedy::script::ScriptConfig;
 use warden_controller::store::Store;
-use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
+use warden_engine::{Engine, EngineConfig, ManualClock};
 use warden_model::wire::{
     Batch, EventSeverity, Heartbeat, JobSignals, NodeEvent, NodeEventKind, ProcessState, RankInfo,
 };
@@ -138,7 +139,7 @@ trait NowTs {
 
 impl NowTs for ManualClock {
     fn now_ts(&self) -> Timestamp {
-        use warden_controller::Clock;
+        use warden_engine::Clock;
         self.now()
     }
 }

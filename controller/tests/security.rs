@@ -745,9 +745,10 @@ fn a_debug_dump_of_the_log_source_never_shows_the_agents_token() {
 /// `named` nodes is attached; one remediation pass (dry run) under a policy that isolates
 /// the group. Returns the incident's timeline.
 async fn isolate_group_with_diagnosis(named: &[&str]) -> Vec<String> {
+    use warden_controller::SharedEngine;
     use warden_controller::remedy::run::{BreakerConfig, Remediator, RemedyConfig};
     use warden_controller::store::Store;
-    use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
+    use warden_engine::{Engine, EngineConfig, ManualClock};
     use warden_model::wire::{Batch, EventSeverity, Heartbeat, NodeEvent, NodeEventKind};
     use warden_model::{IncidentDiagnosis, Timestamp};
 

@@ -10,7 +10,9 @@ pub mod drain;
 pub mod eval;
 pub mod evidence;
 pub mod input;
+#[cfg(feature = "llm")]
 pub mod llm;
+#[cfg(feature = "llm")]
 pub mod llm_eval;
 pub mod loggen;
 pub mod model;

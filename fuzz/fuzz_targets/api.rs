@@ -25,7 +25,8 @@ use warden_controller::auth::Auth;
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::Operator;
 use warden_controller::remedy::run::{Remediator, RemedyConfig};
-use warden_controller::{Engine, EngineConfig, ManualClock, SharedEngine};
+use warden_controller::SharedEngine;
+use warden_engine::{Engine, EngineConfig, ManualClock};
 use warden_model::Timestamp;
 use warden_model::wire::{Batch, EventSeverity, Heartbeat, NodeEvent, NodeEventKind};
 

@@ -7,6 +7,7 @@ pub mod config;
 pub mod ids;
 pub mod incident;
 pub mod time;
+pub mod view;
 pub mod wire;
 
 pub use ids::{CommId, GpuRef, JobId, NodeName, Rank};

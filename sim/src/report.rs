@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use warden_controller::view::IncidentView;
+use warden_model::view::IncidentView;
 
 use crate::sim::{FaultRecord, Simulation};
 

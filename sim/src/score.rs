@@ -6,8 +6,8 @@
 use std::fmt;
 
 use serde::Serialize;
-use warden_controller::view::IncidentView;
 use warden_model::IncidentKind;
+use warden_model::view::IncidentView;
 
 use crate::report::Report;
 use crate::sim::FaultRecord;

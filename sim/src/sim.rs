@@ -3,10 +3,11 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use warden_controller::{Encoding, Engine, EngineConfig, IncidentChange, SharedEngine};
+use warden_engine::{Encoding, Engine, EngineConfig, IncidentChange};
 use warden_model::Timestamp;
 
 use crate::agent::{Agent, SIM_EPOCH, virtual_ns};
@@ -41,13 +42,16 @@ impl Sink for Engine {
     }
 }
 
-impl Sink for SharedEngine {
+/// An engine shared with other readers (the controller's `SharedEngine::engine`, an API
+/// served beside the simulation). A poisoned lock is taken over: the state is plain data.
+impl Sink for Arc<Mutex<Engine>> {
     fn deliver(&mut self, body: &[u8], now: Timestamp) {
-        let _ = self.lock().ingest(body, Encoding::Binary, now);
+        let mut e = self.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = e.ingest(body, Encoding::Binary, now);
     }
 
     fn tick(&mut self, now: Timestamp) -> Vec<IncidentChange> {
-        self.lock().tick(now)
+        self.lock().unwrap_or_else(|p| p.into_inner()).tick(now)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The public driving API: incremental advance, shared engines, and the report contract.
 
-use warden_controller::{Engine, EngineConfig, IncidentChange, SharedEngine};
+use warden_controller::SharedEngine;
+use warden_engine::{Engine, EngineConfig, IncidentChange};
 use warden_model::Timestamp;
 use warden_sim::{RunOptions, SIM_EPOCH, Scenario, Simulation, Sink, run};
 
@@ -96,7 +97,7 @@ fn faults_appear_once_they_take_effect() {
 #[test]
 fn a_shared_engine_is_driven_like_an_owned_one() {
     let shared = SharedEngine::new(Engine::new(EngineConfig::default(), SIM_EPOCH));
-    let mut sink = shared.clone();
+    let mut sink = shared.engine();
     let mut sim = Simulation::new(&scenario(), RunOptions::default());
     sim.run_to_end(&mut sink);
     let engine = shared.lock();

@@ -5,11 +5,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use warden_controller::SharedEngine;
 use warden_controller::diagnosis::{
     self, AgentLine, Diagnoser, DiagnosisConfig, FetchError, FetchFuture, LogSource, WindowRequest,
 };
-use warden_controller::{Engine, EngineConfig, IncidentChange, ManualClock, SharedEngine};
 use warden_diagnosis::rules::RuleSet;
+use warden_engine::{Engine, EngineConfig, IncidentChange, ManualClock};
 use warden_model::{IncidentKind, IncidentState};
 use warden_sim::{RunOptions, SIM_EPOCH, Scenario, Simulation};
 use warden_testkit::{PATIENCE, wait_for_async};
@@ -48,7 +49,7 @@ fn run(file: &str) -> (SharedEngine, Vec<IncidentChange>) {
         .join(file);
     let scenario = Scenario::load(&path).expect("shipped scenario loads");
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), SIM_EPOCH));
-    let mut sink = engine.clone();
+    let mut sink = engine.engine();
     let mut sim = Simulation::new(&scenario, RunOptions::default());
     let changes = sim.run_to_end(&mut sink);
     (engine, changes)

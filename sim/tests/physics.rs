@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use warden_controller::IncidentChange;
+use warden_engine::IncidentChange;
 use warden_model::Timestamp;
 use warden_model::wire::{Batch, CollectiveEvent, EventSeverity};
 use warden_sim::{RunOptions, SIM_EPOCH, Scenario, Simulation, Sink};

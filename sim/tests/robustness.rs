@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use warden_controller::{Encoding, Engine, EngineConfig, IncidentChange};
+use warden_engine::{Encoding, Engine, EngineConfig, IncidentChange};
 use warden_model::Timestamp;
 use warden_sim::{Report, RunOptions, SIM_EPOCH, Scenario, Simulation, Sink, score};
 

@@ -1151,8 +1151,8 @@ async fn probes_hit_routes_the_binaries_serve() {
             collectors_down: Arc::new(std::sync::Mutex::new(Vec::new())),
         })
     };
-    let engine = warden_controller::SharedEngine::new(warden_controller::Engine::new(
-        warden_controller::EngineConfig::default(),
+    let engine = warden_controller::SharedEngine::new(warden_engine::Engine::new(
+        warden_engine::EngineConfig::default(),
         Default::default(),
     ));
     let operator = warden_controller::operate::Operator::in_memory(engine.clone())
@@ -1161,7 +1161,7 @@ async fn probes_hit_routes_the_binaries_serve() {
     let controller = || {
         warden_controller::api::router(warden_controller::api::ApiState {
             engine: engine.clone(),
-            clock: Arc::new(warden_controller::ManualClock::new(Default::default())),
+            clock: Arc::new(warden_engine::ManualClock::new(Default::default())),
             metrics: Arc::new(warden_controller::metrics::Metrics::new("test").expect("metrics")),
             max_batch_bytes: 1024,
             auth: Arc::new(warden_controller::auth::Auth::Open),

@@ -24,8 +24,9 @@ use super::checkpoint;
 use super::policy::{ActionName, Decision, History, Policy, repeat_keys};
 use super::script::{ScriptActuator, ScriptConfig};
 use super::{ActuatorError, Isolation, Outcome, Restart};
-use crate::engine::{IncidentChange, SharedEngine};
+use crate::shared::SharedEngine;
 use crate::store::{ActionKind, ActionRecord, ActionStatus, NodeRecord, Store, StoreError};
+use warden_engine::IncidentChange;
 
 /// Name of the rails' state document in the store.
 const STATE: &str = "rails";
@@ -346,28 +347,7 @@ impl RailsState {
     }
 }
 
-/// What the API shows of remediation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct RemedyStatus {
-    /// Whether actions are only recorded.
-    pub dry_run: bool,
-    /// The actuator: `none`, `script`, `slurm` or `kubernetes`.
-    pub actuator: String,
-    /// Nodes isolated within the breaker's window.
-    pub isolated_in_window: usize,
-    /// How many the breaker allows per window now.
-    pub breaker_cap: usize,
-    /// Whether the breaker is tripped (no action until a person resets it).
-    pub tripped: bool,
-    /// Whether a dry run would have tripped it (reset it like a real trip).
-    pub dry_run_tripped: bool,
-    /// Why it tripped.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tripped_reason: Option<String>,
-    /// When it tripped (RFC 3339).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tripped_at: Option<String>,
-}
+pub use warden_model::view::RemedyStatus;
 
 /// Why remediation failed.
 #[derive(Debug, thiserror::Error)]
@@ -407,6 +387,7 @@ pub enum Actuator {
     /// Slurm.
     Slurm(super::slurm::SlurmActuator),
     /// Kubernetes.
+    #[cfg(feature = "kubernetes")]
     Kubernetes(super::kubernetes::KubeActuator),
 }
 
@@ -416,6 +397,7 @@ impl Actuator {
             Actuator::None => Ok(Outcome::Applied),
             Actuator::Script(s) => s.isolate(req).await,
             Actuator::Slurm(s) => s.isolate(req).await,
+            #[cfg(feature = "kubernetes")]
             Actuator::Kubernetes(k) => k.isolate(req).await,
         }
     }
@@ -425,6 +407,7 @@ impl Actuator {
             Actuator::None => Ok(Outcome::Applied),
             Actuator::Script(s) => s.release(req).await,
             Actuator::Slurm(s) => s.release(req).await,
+            #[cfg(feature = "kubernetes")]
             Actuator::Kubernetes(k) => k.release(req).await,
         }
     }
@@ -434,8 +417,17 @@ impl Actuator {
             Actuator::None => Ok(Outcome::Applied),
             Actuator::Script(s) => s.restart(req).await,
             Actuator::Slurm(s) => s.restart(req).await,
+            #[cfg(feature = "kubernetes")]
             Actuator::Kubernetes(k) => k.restart(req).await,
         }
+    }
+
+    /// Whether it is the Kubernetes actuator (jobs and namespaces are its terms).
+    fn is_kubernetes(&self) -> bool {
+        #[cfg(feature = "kubernetes")]
+        return matches!(self, Actuator::Kubernetes(_));
+        #[cfg(not(feature = "kubernetes"))]
+        return false;
     }
 
     fn name(&self) -> &'static str {
@@ -443,6 +435,7 @@ impl Actuator {
             Actuator::None => "none",
             Actuator::Script(_) => "script",
             Actuator::Slurm(_) => "slurm",
+            #[cfg(feature = "kubernetes")]
             Actuator::Kubernetes(_) => "kubernetes",
         }
     }
@@ -469,7 +462,7 @@ pub struct Remediator {
     engine: SharedEngine,
     store: Store,
     metrics: Option<Arc<crate::metrics::Metrics>>,
-    clock: Arc<dyn crate::clock::Clock>,
+    clock: Arc<dyn warden_engine::clock::Clock>,
     state: Arc<Mutex<RailsState>>,
     /// When this controller last took the lead ([`Remediator::reload`]), ns since the
     /// epoch; 0 before.
@@ -496,7 +489,7 @@ impl Remediator {
         engine: SharedEngine,
         store: Store,
         metrics: Option<Arc<crate::metrics::Metrics>>,
-        clock: Arc<dyn crate::clock::Clock>,
+        clock: Arc<dyn warden_engine::clock::Clock>,
     ) -> Result<Remediator, RemedyError> {
         let policy = match &config.policy_file {
             Some(p) => Policy::load(p)?,
@@ -507,6 +500,14 @@ impl Remediator {
             (ActuatorKind::Slurm, _) => {
                 Actuator::Slurm(super::slurm::SlurmActuator::new(config.slurm.clone()))
             }
+            #[cfg(not(feature = "kubernetes"))]
+            (ActuatorKind::Kubernetes, _) => {
+                return Err(RemedyError::Actuator(
+                    "this build of Warden has no Kubernetes actuator (cargo feature `kubernetes`)"
+                        .to_owned(),
+                ));
+            }
+            #[cfg(feature = "kubernetes")]
             (ActuatorKind::Kubernetes, _) => {
                 let client = kube::Client::try_default()
                     .await
@@ -1345,12 +1346,12 @@ impl Remediator {
             None => (self.config.kubernetes_namespace.clone(), job.clone()),
         };
         let req = Restart {
-            job: if matches!(self.actuator, Actuator::Kubernetes(_)) {
+            job: if self.actuator.is_kubernetes() {
                 name
             } else {
                 job.clone()
             },
-            namespace: matches!(self.actuator, Actuator::Kubernetes(_)).then_some(namespace),
+            namespace: self.actuator.is_kubernetes().then_some(namespace),
             exclude: exclude.clone(),
             resume,
             incident: Some(inc.id.clone()),

@@ -14,7 +14,7 @@ use warden_model::{CommId, Timestamp};
 
 use crate::engine::EngineStats;
 use crate::lifecycle::{Applied, JobLifecycle, LifecycleReport, Phase};
-use crate::view::{CommProgressView, JobView, RankView, rel};
+use warden_model::view::{CommProgressView, JobView, RankView, rel};
 
 /// "No node" in [`RankState::node`].
 pub const NO_NODE: u32 = u32::MAX;

@@ -1,20 +1,4 @@
-//! The Kubernetes actuator: cordon, taint, annotate, evict and restart through the API server.
-//!
-//! Every node Warden isolates carries its ownership in annotations ([`ANN_OWNER`] and
-//! the others below) next to the cordon (`spec.unschedulable`) and one taint
-//! ([`KubeConfig::taint_key`]). Ownership decides everything: a node cordoned by anyone
-//! else is [`Outcome::NotOurs`] and never touched, and only a node Warden owns is ever
-//! released. Node changes are single merge patches that carry the node's
-//! `metadata.resourceVersion`, so a concurrent change answers 409 Conflict; the node is
-//! then read again and the patch recomputed, a bounded number of times.
-//!
-//! Evictions go through the Eviction API (`policy/v1`), so PodDisruptionBudgets are
-//! honoured: a pod a budget protects is left where it is and the call answers
-//! [`ActuatorError::Retry`]; the node stays cordoned and the caller evicts again later.
-//!
-//! A restart deletes the job's pods so its operator (JobSet, Kubeflow training operator)
-//! recreates them, and the cordon and taint keep the new ones off isolated nodes. The
-//! checkpoint to resume from is written on the job object as [`ANN_RESUME_FROM`].
+//! The Kubernetes actuator itself, on the kube client (feature `kubernetes`).
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::policy::v1::Eviction;
@@ -22,35 +6,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ObjectMeta};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
-use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::{ActuatorError, Isolation, OWNER, Outcome, Release, Restart};
+use super::*;
 use crate::alerts::rfc3339;
-
-/// Who holds an isolated node: [`OWNER`] when Warden does.
-pub const ANN_OWNER: &str = "warden.io/owner";
-/// Why the node was isolated, in words.
-pub const ANN_REASON: &str = "warden.io/reason";
-/// The incident that called for the isolation (absent for a manual drain).
-pub const ANN_INCIDENT: &str = "warden.io/incident";
-/// Who asked for the isolation: `policy`, or the API token's name.
-pub const ANN_BY: &str = "warden.io/by";
-/// When the node was isolated (RFC 3339, UTC).
-pub const ANN_AT: &str = "warden.io/at";
-/// On a restarted job: the checkpoint it resumes from, `<path>@<step>`.
-pub const ANN_RESUME_FROM: &str = "warden.io/resume-from";
-/// On a restarted job: when Warden restarted it (RFC 3339, UTC).
-pub const ANN_RESTARTED_AT: &str = "warden.io/restarted-at";
+use crate::remedy::{ActuatorError, Isolation, OWNER, Outcome, Release, Restart};
 
 /// The annotations Warden writes on a node it isolates (and removes on release).
 const NODE_ANNOTATIONS: [&str; 5] = [ANN_OWNER, ANN_REASON, ANN_INCIDENT, ANN_BY, ANN_AT];
-
-/// The taint value of a manual drain (one with no incident).
-pub const MANUAL: &str = "manual";
-
-/// The taint value of an isolation whose incident id is not a valid taint value.
-pub const INCIDENT: &str = "incident";
 
 /// Longest reason written to a node annotation, bytes (longer ones are cut).
 const MAX_REASON_BYTES: usize = 1024;
@@ -60,80 +23,6 @@ const UNKNOWN_OWNER: &str = "unknown";
 
 /// The annotation kubelet puts on mirror pods (the API's view of static pods).
 const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
-
-/// The effect of the isolation taint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-pub enum TaintEffect {
-    /// New pods without a toleration are not scheduled on the node (the default).
-    #[default]
-    NoSchedule,
-    /// The scheduler avoids the node when it can.
-    PreferNoSchedule,
-    /// Also evicts running pods without a toleration, by the taint manager rather than
-    /// the Eviction API, so PodDisruptionBudgets are not consulted.
-    NoExecute,
-}
-
-impl TaintEffect {
-    /// The name the API uses.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaintEffect::NoSchedule => "NoSchedule",
-            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
-            TaintEffect::NoExecute => "NoExecute",
-        }
-    }
-}
-
-/// Which kind of object a job to restart is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobKind {
-    /// A JobSet if one has the name, else a PyTorchJob (the default).
-    #[default]
-    Auto,
-    /// A JobSet (`jobset.x-k8s.io/v1alpha2`).
-    JobSet,
-    /// A Kubeflow PyTorchJob (`kubeflow.org/v1`).
-    PyTorchJob,
-    /// Plain pods labelled [`KubeConfig::pod_label`]`=<job>`, recreated by whatever
-    /// owns them; there is no job object to carry the resume annotation.
-    Pods,
-}
-
-/// Settings of the Kubernetes actuator (the `kubernetes` section of remediation).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KubeConfig {
-    /// Key of the taint put on isolated nodes. Default `warden.io/fault`.
-    pub taint_key: String,
-    /// Effect of that taint. Default `NoSchedule`.
-    pub taint_effect: TaintEffect,
-    /// Grace period given to evicted pods, seconds. Default none: each pod's own
-    /// `terminationGracePeriodSeconds`.
-    pub eviction_grace_secs: Option<i64>,
-    /// How many times a change that met a 409 Conflict is read again and retried
-    /// before the call answers [`ActuatorError::Retry`]. Default 3.
-    pub conflict_retries: u32,
-    /// Which kind of object a job is. Default `auto` (JobSet, then PyTorchJob).
-    pub job_kind: JobKind,
-    /// For `job_kind: pods`, the label naming a pod's job. Default
-    /// `batch.kubernetes.io/job-name`.
-    pub pod_label: String,
-}
-
-impl Default for KubeConfig {
-    fn default() -> Self {
-        KubeConfig {
-            taint_key: "warden.io/fault".to_owned(),
-            taint_effect: TaintEffect::NoSchedule,
-            eviction_grace_secs: None,
-            conflict_retries: 3,
-            job_kind: JobKind::Auto,
-            pod_label: "batch.kubernetes.io/job-name".to_owned(),
-        }
-    }
-}
 
 /// Isolates, releases and restarts through the Kubernetes API.
 #[derive(Clone)]

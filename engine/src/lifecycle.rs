@@ -21,8 +21,9 @@ pub const MAX_JOB_NAME_LEN: usize = 1024;
 pub const METRIC_SCHEDULERS: &[&str] = &["slurm", "kubernetes"];
 
 /// What happened to the job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, utoipa::ToSchema)]
-#[schema(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(rename_all = "snake_case"))]
 pub enum LifecycleEvent {
     /// The scheduler started it (Slurm: PrologSlurmctld).
     Start,
@@ -75,32 +76,33 @@ pub struct LifecycleError(pub String);
 
 /// A scheduler's report of a job's start or end, as sent (JSON); unknown fields are
 /// ignored so schedulers' hooks can add some.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[schema(as = LifecycleBody)]
-pub(crate) struct Body {
+#[derive(Debug, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = LifecycleBody))]
+pub struct Body {
     /// `start` or `end`.
-    #[schema(value_type = LifecycleEvent)]
+    #[cfg_attr(feature = "openapi", schema(value_type = LifecycleEvent))]
     event: String,
     /// `slurm`, `kubernetes`, ...: 1 to 32 lowercase letters, digits, `-` and `_`,
     /// starting with a letter.
-    #[schema(pattern = "^[a-z][a-z0-9_-]{0,31}$")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z][a-z0-9_-]{0,31}$"))]
     scheduler: String,
     /// The scheduler's own id of the job: 1 to 253 bytes without whitespace, control
     /// characters or `/`.
-    #[schema(min_length = 1, max_length = 253)]
+    #[cfg_attr(feature = "openapi", schema(min_length = 1, max_length = 253))]
     scheduler_job_id: String,
     /// The job's name for people, at most 1024 bytes.
     #[serde(default)]
-    #[schema(max_length = 1024)]
+    #[cfg_attr(feature = "openapi", schema(max_length = 1024))]
     name: Option<String>,
     /// Nodes allocated (at most 16,384; repeats are dropped). A start must name at
     /// least one; an end may leave them out.
     #[serde(default)]
-    #[schema(max_items = 16384)]
+    #[cfg_attr(feature = "openapi", schema(max_items = 16384))]
     nodes: Option<Vec<String>>,
     /// Ranks (tasks) the job runs, when known.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 4194304)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4194304))]
     ranks: Option<u64>,
 }
 
@@ -224,17 +226,7 @@ pub fn parse(body: &[u8]) -> Result<LifecycleReport, LifecycleError> {
     })
 }
 
-/// Where a job is in its scheduler's life.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Started and not ended.
-    Running,
-    /// Ended.
-    Ended,
-}
+pub use warden_model::view::Phase;
 
 /// What the scheduler said about a job, kept in its state.
 #[derive(Debug, Clone, PartialEq, Eq)]

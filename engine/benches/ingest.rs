@@ -4,13 +4,13 @@
 //! `Engine::ingest` (decode + state), then through the decoder alone. Rates count new
 //! collective events; the repeats are decoded and dropped as stale on top.
 //!
-//! `cargo bench -p warden-controller --bench ingest`; set `WARDEN_BENCH_EVENTS` to
+//! `cargo bench -p warden-engine --bench ingest`; set `WARDEN_BENCH_EVENTS` to
 //! change the number of collective events (default 6,000,000).
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use warden_controller::{Encoding, Engine, EngineConfig};
+use warden_engine::{Encoding, Engine, EngineConfig};
 use warden_model::Timestamp;
 use warden_model::wire::{
     Batch, CollOp, CollectiveEvent, CommInfo, Heartbeat, JobSignals, RankInfo, TrainingMetric,

@@ -1,16 +1,19 @@
-//! Serialized views of incidents and ranks: what the HTTP API returns and what
+//! What the controller's HTTP API serves and the CLI reads: views of incidents, jobs,
+//! ranks and nodes, the audit log's actions and where remediation stands; also what
 //! `warden sim --report` writes. Times are seconds since the engine's origin (the run's
 //! start in simulation, the Unix epoch in production).
 
+use std::str::FromStr;
+
 use serde::{Deserialize, Serialize};
 
-use crate::lifecycle::Phase;
-use warden_model::{
+use crate::{
     GpuRef, Incident, IncidentDiagnosis, IncidentKind, IncidentState, Severity, Timestamp,
 };
 
 /// An incident as the API and reports show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct IncidentView {
     /// Stable identifier.
     pub id: String,
@@ -51,7 +54,8 @@ pub struct IncidentView {
 }
 
 /// One piece of evidence.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EvidenceView {
     /// Seconds since origin.
     pub at_s: f64,
@@ -60,7 +64,8 @@ pub struct EvidenceView {
 }
 
 /// One timeline entry.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TimelineView {
     /// Seconds since origin.
     pub at_s: f64,
@@ -69,7 +74,7 @@ pub struct TimelineView {
 }
 
 /// `t` in seconds since `origin`, to the millisecond.
-pub(crate) fn rel(t: Timestamp, origin: Timestamp) -> f64 {
+pub fn rel(t: Timestamp, origin: Timestamp) -> f64 {
     // Millisecond precision is what people and scorers need.
     (t.secs_since(origin) * 1000.0).round() / 1000.0
 }
@@ -114,7 +119,8 @@ impl IncidentView {
 }
 
 /// Live progress of one rank (`GET /api/v1/jobs/{job}/ranks`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RankView {
     /// Global rank.
     pub rank: u32,
@@ -144,7 +150,8 @@ pub struct RankView {
 }
 
 /// A rank's progress in one communicator.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CommProgressView {
     /// Communicator hash (hex).
     pub comm: String,
@@ -159,7 +166,8 @@ pub struct CommProgressView {
 }
 
 /// A job as `GET /api/v1/jobs` lists it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobView {
     /// Job name.
     pub job: String,
@@ -208,7 +216,8 @@ pub struct JobView {
 
 /// A node as `GET /api/v1/nodes` lists it: every node an agent reports from, and every
 /// node Warden holds drained.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeView {
     /// Node name.
     pub name: String,
@@ -230,55 +239,159 @@ pub struct NodeView {
     pub agent_silent_s: Option<f64>,
 }
 
-impl NodeView {
-    /// The view of a drained node.
-    pub fn from_record(
-        rec: &crate::store::NodeRecord,
-        agent_silent_s: Option<f64>,
-        origin: Timestamp,
-    ) -> Self {
-        NodeView {
-            name: rec.name.clone(),
-            state: rec.state.clone(),
-            owner: Some(rec.owner.clone()),
-            reason: Some(rec.reason.clone()),
-            incident: rec.incident.clone(),
-            drained_s: Some(rel(rec.since, origin)),
-            agent_silent_s,
-        }
-    }
+/// Where a job is in its scheduler's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Started and not ended.
+    Running,
+    /// Ended.
+    Ended,
+}
 
-    /// Agents heard from (node, seconds silent) and drained nodes, merged by name.
-    pub fn merge(
-        agents: &[(String, f64)],
-        drained: &[crate::store::NodeRecord],
-        origin: Timestamp,
-    ) -> Vec<NodeView> {
-        let mut out: Vec<NodeView> = drained
-            .iter()
-            .map(|d| {
-                let silent = agents.iter().find(|(n, _)| *n == d.name).map(|a| a.1);
-                NodeView::from_record(d, silent.map(round_ms), origin)
-            })
-            .collect();
-        for (name, silent) in agents {
-            if !drained.iter().any(|d| d.name == *name) {
-                out.push(NodeView {
-                    name: name.clone(),
-                    state: "ready".into(),
-                    owner: None,
-                    reason: None,
-                    incident: None,
-                    drained_s: None,
-                    agent_silent_s: Some(round_ms(*silent)),
-                });
-            }
+/// What an action is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    /// Take a node out of scheduling (`POST /nodes/{name}/drain`).
+    Drain,
+    /// Give a drained node back.
+    Undrain,
+    /// A person acknowledged an incident.
+    Acknowledge,
+    /// A person resolved an incident.
+    Resolve,
+    /// Remediation isolated a node (cordon, drain).
+    Isolate,
+    /// Remediation restarted a job.
+    Restart,
+    /// The remediation circuit breaker tripped.
+    BreakerTrip,
+    /// A person reset the circuit breaker.
+    BreakerReset,
+}
+
+impl ActionKind {
+    /// The label stored and shown.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Drain => "drain",
+            ActionKind::Undrain => "undrain",
+            ActionKind::Acknowledge => "acknowledge",
+            ActionKind::Resolve => "resolve",
+            ActionKind::Isolate => "isolate",
+            ActionKind::Restart => "restart",
+            ActionKind::BreakerTrip => "breaker_trip",
+            ActionKind::BreakerReset => "breaker_reset",
         }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        out
     }
 }
 
-fn round_ms(s: f64) -> f64 {
-    (s * 1000.0).round() / 1000.0
+impl FromStr for ActionKind {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        [
+            ActionKind::Drain,
+            ActionKind::Undrain,
+            ActionKind::Acknowledge,
+            ActionKind::Resolve,
+            ActionKind::Isolate,
+            ActionKind::Restart,
+            ActionKind::BreakerTrip,
+            ActionKind::BreakerReset,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+        .ok_or(())
+    }
+}
+
+/// Where an action stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ActionStatus {
+    /// Recorded, not yet known to have run.
+    Intended,
+    /// Ran to the end.
+    Done,
+    /// Ran and failed.
+    Failed,
+}
+
+impl ActionStatus {
+    /// The label stored and shown.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ActionStatus::Intended => "intended",
+            ActionStatus::Done => "done",
+            ActionStatus::Failed => "failed",
+        }
+    }
+}
+
+impl FromStr for ActionStatus {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "intended" => Ok(ActionStatus::Intended),
+            "done" => Ok(ActionStatus::Done),
+            "failed" => Ok(ActionStatus::Failed),
+            _ => Err(()),
+        }
+    }
+}
+
+/// One entry of the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ActionRecord {
+    /// Stable id.
+    pub id: String,
+    /// What.
+    pub kind: ActionKind,
+    /// On what: a node name or an incident id.
+    pub target: String,
+    /// The incident it serves, if any.
+    pub incident: Option<String>,
+    /// Who: a token's name, or `warden` for the policy.
+    pub actor: String,
+    /// Why, as given.
+    pub reason: String,
+    /// Whether it only pretended.
+    pub dry_run: bool,
+    /// Where it stands.
+    pub status: ActionStatus,
+    /// What came of it, once finished.
+    pub result: Option<String>,
+    /// When it was recorded as intended.
+    pub intended_at: Timestamp,
+    /// When it finished.
+    pub finished_at: Option<Timestamp>,
+}
+
+/// What the API shows of remediation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RemedyStatus {
+    /// Whether actions are only recorded.
+    pub dry_run: bool,
+    /// The actuator: `none`, `script`, `slurm` or `kubernetes`.
+    pub actuator: String,
+    /// Nodes isolated within the breaker's window.
+    pub isolated_in_window: usize,
+    /// How many the breaker allows per window now.
+    pub breaker_cap: usize,
+    /// Whether the breaker is tripped (no action until a person resets it).
+    pub tripped: bool,
+    /// Whether a dry run would have tripped it (reset it like a real trip).
+    pub dry_run_tripped: bool,
+    /// Why it tripped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tripped_reason: Option<String>,
+    /// When it tripped (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tripped_at: Option<String>,
 }
