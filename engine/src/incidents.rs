@@ -405,12 +405,20 @@ impl IncidentBook {
         }
         if f.kind == IncidentKind::Hang {
             // A hang in a job that just crashed is the crash's consequence.
-            if let Some(i) = (0..self.incidents.len()).rev().find(|&i| {
-                let inc = &self.incidents[i];
-                inc.kind == IncidentKind::Crash
-                    && inc.job == f.job
-                    && inc.state != IncidentState::Resolved
-            }) {
+            if let Some(i) = self.unresolved_of(IncidentKind::Crash, &f, |_| true) {
+                return self.attach(i, f, now);
+            }
+        }
+        if f.kind == IncidentKind::Crash {
+            // Ranks that give up waiting for a hung peer (the process group's own
+            // timeout fires) or are torn down around it are the hang's victims: their
+            // exits are evidence on the hang, which stays open naming the rank that
+            // stopped. A crash of the hang's own culprit is its root cause (below).
+            let victims = |inc: &Incident| {
+                !inc.ranks.is_empty() && !intersects(&inc.ranks, &f.ranks) && f.onset >= inc.onset
+            };
+            if let Some(i) = self.unresolved_of(IncidentKind::Hang, &f, victims) {
+                self.extra[i].last_refresh = now;
                 return self.attach(i, f, now);
             }
         }
@@ -424,12 +432,8 @@ impl IncidentBook {
                     && (f.severity == Severity::Critical && f.confidence >= 0.99
                         || inc.onset.secs_since(f.onset).abs() <= self.config.explain_window_secs)
             }),
-            IncidentKind::Crash => (0..self.incidents.len()).rev().find(|&i| {
-                let inc = &self.incidents[i];
-                inc.kind == IncidentKind::Hang
-                    && inc.job == f.job
-                    && inc.state != IncidentState::Resolved
-                    && intersects(&inc.ranks, &f.ranks)
+            IncidentKind::Crash => self.unresolved_of(IncidentKind::Hang, &f, |inc| {
+                intersects(&inc.ranks, &f.ranks)
             }),
             _ => None,
         };
@@ -437,6 +441,22 @@ impl IncidentBook {
             return self.reclassify(i, f, now);
         }
         Some(self.open(f, now))
+    }
+
+    /// The latest unresolved incident of `kind` in `f`'s job that `also` accepts.
+    fn unresolved_of(
+        &self,
+        kind: IncidentKind,
+        f: &Finding,
+        also: impl Fn(&Incident) -> bool,
+    ) -> Option<usize> {
+        (0..self.incidents.len()).rev().find(|&i| {
+            let inc = &self.incidents[i];
+            inc.kind == kind
+                && inc.job == f.job
+                && inc.state != IncidentState::Resolved
+                && also(inc)
+        })
     }
 
     fn open(&mut self, f: Finding, now: Timestamp) -> IncidentChange {
@@ -945,6 +965,75 @@ mod tests {
                 "node-00",
                 None,
                 1.0,
+                0.97,
+            )],
+        );
+        assert_eq!(b.all().len(), 1);
+        assert_eq!(b.all()[0].kind, IncidentKind::Crash);
+    }
+
+    #[test]
+    fn the_waiters_timing_out_after_a_hang_are_evidence_on_the_hang_which_stays_open() {
+        let mut b = IncidentBook::default();
+        let hang = finding(IncidentKind::Hang, &[5], "node-01", None, 1.0, 0.97);
+        for t in [4.0, 5.0, 6.0] {
+            fold(&mut b, t, vec![hang.clone()]);
+        }
+        // 120 s later the process group's timeout fires on the waiters: rank 2 first.
+        // The hang finding stops (most ranks exited); the crash finding names the
+        // first waiter to give up, every pass from then on.
+        for t in [126.0, 140.0, 160.0, 200.0] {
+            fold(
+                &mut b,
+                t,
+                vec![finding(
+                    IncidentKind::Crash,
+                    &[2],
+                    "node-00",
+                    None,
+                    125.0,
+                    0.85,
+                )],
+            );
+        }
+        assert_eq!(b.all().len(), 1, "{:#?}", b.all());
+        let inc = &b.all()[0];
+        assert_eq!(inc.kind, IncidentKind::Hang);
+        assert_eq!(inc.ranks, vec![5]);
+        assert_ne!(inc.state, IncidentState::Resolved);
+        assert!(
+            inc.evidence
+                .iter()
+                .any(|e| e.text.starts_with("consequence (crash)")),
+            "{:#?}",
+            inc.evidence
+        );
+    }
+
+    #[test]
+    fn a_crash_of_the_hung_rank_itself_is_the_root_cause() {
+        let mut b = IncidentBook::default();
+        fold(
+            &mut b,
+            4.0,
+            vec![finding(
+                IncidentKind::Hang,
+                &[5],
+                "node-01",
+                None,
+                1.0,
+                0.97,
+            )],
+        );
+        fold(
+            &mut b,
+            6.0,
+            vec![finding(
+                IncidentKind::Crash,
+                &[5],
+                "node-01",
+                None,
+                5.0,
                 0.97,
             )],
         );

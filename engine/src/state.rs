@@ -249,8 +249,15 @@ pub struct RankState {
     pub nonfinite: Option<NonFinite>,
     /// Compute time per iteration, most recent last.
     pub compute: Ring<ComputeSample, COMPUTE_RING>,
-    /// Which of `comms` closes an iteration (the least frequent one), once known.
+    /// Which of `comms` closes an iteration (the least frequent one), once known: the
+    /// fallback for ranks that report no step marks.
     pub anchor: Option<u32>,
+    /// The last step mark (step, when on the rank's own clock), once the rank reports
+    /// steps: its iterations then run from one step mark to the next, whatever number
+    /// of collectives, buckets, micro-batches or shards a step holds.
+    pub last_mark: Option<(u64, i64)>,
+    /// Collectives completed since the last step mark: (start, end) on its own clock.
+    spans: Vec<(i64, i64)>,
     /// Recent gaps between finishing one collective and entering the next, seconds: how
     /// long this rank is normally away from collectives.
     pub gaps: Ring<f32, GAP_RING>,
@@ -278,6 +285,8 @@ impl Default for RankState {
             nonfinite: None,
             compute: Ring::default(),
             anchor: None,
+            last_mark: None,
+            spans: Vec::new(),
             gaps: Ring::default(),
             period_start_ns: 0,
             period_wait_ns: 0,
@@ -291,6 +300,93 @@ impl RankState {
     pub fn alive(&self) -> bool {
         self.exit.is_none()
     }
+
+    /// What its iterations are measured from.
+    pub fn iterations(&self) -> IterationSource {
+        if self.last_mark.is_some() {
+            IterationSource::Steps
+        } else {
+            IterationSource::Collectives
+        }
+    }
+
+    /// A step mark: closes the iteration that began at the previous one. Its compute is
+    /// the time between the marks not covered by any collective (the union of the
+    /// collectives' spans, so overlapping asynchronous ones count once).
+    fn mark_step(&mut self, step: u64, at_ns: i64, at: Timestamp) {
+        match self.last_mark {
+            // A repeat (non-finite metrics are sent twice) or a stale record.
+            Some((prev, _)) if step <= prev => return,
+            Some((prev, from)) => {
+                // Marks further apart than one step (a program that reports every few
+                // steps, a lost batch) give the mean of the steps between them.
+                let steps = (step - prev).min(MAX_STEPS_PER_MARK) as f32;
+                let period = at_ns - from;
+                if step - prev <= MAX_STEPS_PER_MARK && !self.period_dirty && period > 0 {
+                    let busy = covered(&mut self.spans, from, at_ns);
+                    self.compute.push(ComputeSample {
+                        secs: (period - busy).max(0) as f32 / 1e9 / steps,
+                        period: period as f32 / 1e9 / steps,
+                        at,
+                    });
+                }
+            }
+            None => {
+                // Iterations from here on come from the marks; samples taken between
+                // completions of the anchor communicator measured something else.
+                self.compute = Ring::default();
+                self.anchor = None;
+            }
+        }
+        self.spans.retain(|&(_, end)| end > at_ns);
+        self.last_mark = Some((step, at_ns));
+        self.period_dirty = false;
+        self.period_wait_ns = 0;
+    }
+}
+
+/// How a rank's iterations are delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IterationSource {
+    /// By the job's own step marks (`warden_torch.step()`).
+    Steps,
+    /// No step marks: by completions of the rank's least frequent communicator, which
+    /// is one iteration only when that communicator runs once per step.
+    Collectives,
+}
+
+impl IterationSource {
+    /// Its name in the API.
+    pub fn name(self) -> &'static str {
+        match self {
+            IterationSource::Steps => "steps",
+            IterationSource::Collectives => "collectives",
+        }
+    }
+}
+
+/// Step marks further apart than this many steps measure nothing (a restart from a
+/// checkpoint, a counter that is not the step).
+pub const MAX_STEPS_PER_MARK: u64 = 100;
+
+/// Spans of collectives kept per rank between two step marks; more, and the iteration
+/// is not measured.
+pub const MAX_SPANS: usize = 4096;
+
+/// Nanoseconds of `[from, to)` covered by the union of `spans` (sorted in place).
+fn covered(spans: &mut [(i64, i64)], from: i64, to: i64) -> i64 {
+    spans.sort_unstable();
+    let mut total = 0;
+    let mut reach = from;
+    for &(s, e) in spans.iter() {
+        let s = s.max(reach);
+        let e = e.min(to);
+        if e > s {
+            total += e - s;
+            reach = e;
+        }
+    }
+    total
 }
 
 /// One member of a communicator.
@@ -302,6 +398,8 @@ pub struct Member {
     pub last_started_seq: u64,
     /// When it entered it (controller clock).
     pub last_started_at: Timestamp,
+    /// The operation it entered (wire `CollOp`).
+    pub last_started_op: i32,
     /// Last sequence number that completed on it.
     pub last_completed_seq: u64,
     /// When that completed (controller clock).
@@ -373,6 +471,15 @@ impl CommState {
             block_n: 0,
             multi_node: None,
         }
+    }
+
+    /// The operation of sequence number `seq`, as a member that entered it reported it
+    /// (the communicator's last operation seen when none did).
+    pub fn op_of(&self, seq: u64) -> i32 {
+        self.members
+            .iter()
+            .find(|m| m.last_started_seq == seq && m.last_started_op != 0)
+            .map_or(self.op, |m| m.last_started_op)
     }
 
     /// Name for people: the registered name, or the hash.
@@ -919,6 +1026,7 @@ impl Cluster {
                 compute_ratio: own
                     .zip(compute_med)
                     .map(|(a, b)| if b > 0.0 { a / b } else { 1.0 }),
+                iterations: Some(r.iterations().name().to_owned()),
                 transfer_ratio: None,
                 comms,
                 last_seen_s: (r.last_seen > Timestamp::ZERO)
@@ -1045,7 +1153,12 @@ fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestam
     r.node = node;
     r.gpu = info.gpu_index;
     if info.pid != 0 && info.pid != r.pid {
-        // A new process for this rank (a restart) starts a new life.
+        // A new process for this rank (a restart) starts a new life, and its steps
+        // start over, perhaps from a checkpoint's.
+        if r.pid != 0 {
+            r.last_mark = None;
+            r.spans.clear();
+        }
         if r.pid != 0 && r.exit.is_some() {
             r.exit = None;
             r.peer_symptom = false;
@@ -1098,6 +1211,7 @@ fn apply_collective(
     if ev.seq > m.last_started_seq {
         m.last_started_seq = ev.seq;
         m.last_started_at = start;
+        m.last_started_op = ev.op;
         fresh = true;
     }
     if ev.in_flight() {
@@ -1135,12 +1249,21 @@ fn apply_collective(
     }
     comm.record_wait(wait_ns as f32 / 1e9);
 
-    // Compute-time accounting: an iteration runs from one completion of the rank's
-    // anchor communicator to the next; compute = its length minus time spent waiting
+    // Compute-time accounting without step marks: an iteration runs from one completion
+    // of the rank's anchor communicator to the next; compute = its length minus time spent waiting
     // inside collectives. Both are durations on the rank's own clock.
     let rank = &mut job.ranks[ev.rank as usize];
     rank.last_seen = now;
     rank.period_dirty |= gap;
+    if rank.last_mark.is_some() {
+        // Iterations come from step marks: keep the span for the step it falls in.
+        if rank.spans.len() < MAX_SPANS {
+            rank.spans.push((ev.start_ns, ev.end_ns));
+        } else {
+            rank.period_dirty = true;
+        }
+        return true;
+    }
     rank.period_wait_ns += wait_ns;
     if rank.anchor.is_none() && completions >= 4 {
         let anchor = choose_anchor(&job.comms, &job.ranks[ev.rank as usize].comms);
@@ -1188,6 +1311,7 @@ fn choose_anchor(comms: &[CommState], mine: &[(u32, u32)]) -> Option<u32> {
 fn apply_metric(job: &mut JobState, m: &TrainingMetric, offset: i64, now: Timestamp) {
     let r = job.rank_mut(m.rank);
     r.last_seen = now;
+    r.mark_step(m.step, m.at_ns, Timestamp(m.at_ns.saturating_sub(offset)));
     if r.step.is_none_or(|s| m.step >= s) {
         r.step = Some(m.step);
         r.loss = m.loss;
@@ -1234,6 +1358,12 @@ fn apply_process(job: &mut JobState, p: &ProcessState, offset: i64, now: Timesta
             r.peer_symptom = false;
         }
         if p.pid != 0 {
+            if r.pid != 0 && r.pid != p.pid {
+                // A new process for this rank (an in-place restart): its steps start
+                // over, perhaps from a checkpoint's.
+                r.last_mark = None;
+                r.spans.clear();
+            }
             r.pid = p.pid;
         }
         return;

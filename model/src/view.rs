@@ -141,6 +141,12 @@ pub struct RankView {
     pub grad_norm: Option<f64>,
     /// Median compute time per iteration relative to the job's median (1.0 = typical).
     pub compute_ratio: Option<f64>,
+    /// What its iterations are measured from: `steps` (the job's own step marks,
+    /// `warden_torch.step()`) or `collectives` (no step marks: completions of its least
+    /// frequent communicator, which is one iteration only when that communicator runs
+    /// once a step).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub iterations: Option<String>,
     /// Median transfer time relative to peers doing the same collectives (1.0 = typical).
     pub transfer_ratio: Option<f64>,
     /// Progress in each communicator.

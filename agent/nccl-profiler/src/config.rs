@@ -70,9 +70,15 @@ impl Config {
                 "SLURM_LOCALID",
             ]),
             world_size: first_number(&["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"]),
+            // Plain torchrun sets TORCHELASTIC_RUN_ID=none for every job: no name.
             job: ["WARDEN_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"]
                 .iter()
-                .find_map(|n| get(n).filter(|v| !v.trim().is_empty()))
+                .find_map(|n| {
+                    get(n).filter(|v| {
+                        let v = v.trim();
+                        !v.is_empty() && !v.eq_ignore_ascii_case("none")
+                    })
+                })
                 .map(|v| v.trim().to_owned())
                 .unwrap_or_default(),
         }
@@ -163,6 +169,8 @@ mod tests {
         ]);
         assert_eq!(c.global_rank, Some(1));
         assert_eq!(c.job, "llama");
+        let c = config(&[("TORCHELASTIC_RUN_ID", "none"), ("RANK", "0")]);
+        assert_eq!(c.job, "", "plain torchrun's run id names no job");
     }
 
     #[test]

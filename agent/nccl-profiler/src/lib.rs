@@ -16,7 +16,8 @@
 //! - `WARDEN_SHM_DIR` — segment directory (default `/dev/shm/warden`).
 //! - `WARDEN_NCCL_PROFILER_MASK` — NCCL event mask, a number (`0x4a`) or names
 //!   (`coll,p2p,proxyop,kernelch`, `default+kernelch`). Default `coll,p2p,proxyop`.
-//! - `WARDEN_JOB`, else `SLURM_JOB_ID`, else `TORCHELASTIC_RUN_ID` — the job id.
+//! - `WARDEN_JOB`, else `SLURM_JOB_ID`, else `TORCHELASTIC_RUN_ID` unless it is `none` (plain
+//!   torchrun's value for every job) — the job id.
 //! - `RANK` / `OMPI_COMM_WORLD_RANK` / `SLURM_PROCID`, `LOCAL_RANK` /
 //!   `OMPI_COMM_WORLD_LOCAL_RANK` / `SLURM_LOCALID`, `WORLD_SIZE` /
 //!   `OMPI_COMM_WORLD_SIZE` / `SLURM_NTASKS` — who this process is (-1 if unknown).

@@ -23,10 +23,16 @@ pub struct HangConfig {
     /// operation, size and payload), pooled over the job.
     pub wait_factor: f64,
     /// Bound while a kind of collective is young (fewer than `warmup_collectives`
-    /// completed per communicator), seconds.
+    /// completed per communicator) and the job's iteration time is not known yet, and
+    /// the most a young kind's bound may be, seconds.
     pub warmup_secs: f64,
     /// Collectives per communicator completed before the learned bound is trusted.
     pub warmup_collectives: usize,
+    /// Collectives per communicator completed before a young kind's bound may come
+    /// below `warmup_secs`, from its own waits and the job's iteration time.
+    pub prior_collectives: usize,
+    /// A young kind's bound is at least this many iterations of the job.
+    pub prior_iterations: f64,
     /// Upper limit of the learned bound, seconds.
     pub max_bound_secs: f64,
     /// Ignore a job once this fraction of its ranks has exited (it ended or crashed).
@@ -46,6 +52,8 @@ impl Default for HangConfig {
             wait_factor: 2.0,
             warmup_secs: 10.0,
             warmup_collectives: 32,
+            prior_collectives: 4,
+            prior_iterations: 3.0,
             max_bound_secs: 120.0,
             exited_fraction: 0.25,
             culprit_gap_factor: 2.0,
@@ -77,15 +85,26 @@ fn learned_waits(job: &crate::state::JobState) -> rustc_hash::FxHashMap<Class, (
 }
 
 /// How long a member of a communicator of this class may legitimately wait inside a
-/// collective, seconds.
-pub fn bound_secs(cfg: &HangConfig, learned: (f32, usize)) -> f64 {
+/// collective, seconds. `iteration` is the job's iteration time, when known.
+///
+/// A young kind of collective (fewer than `warmup_collectives` completed) has seen too
+/// few waits to trust them alone: its bound is the larger of what they say and
+/// `prior_iterations` iterations, never more than `warmup_secs`, so a hang in a job's
+/// first steps is called about as fast as a later one. Before `prior_collectives`, or
+/// without an iteration time, it is `warmup_secs`. The first waits of a job are its
+/// longest (ranks start unevenly), which keeps the young bound on the safe side.
+pub fn bound_secs(cfg: &HangConfig, learned: (f32, usize), iteration: Option<f64>) -> f64 {
     let (longest, seen) = learned;
-    let floor = if seen < cfg.warmup_collectives {
-        cfg.warmup_secs
-    } else {
-        cfg.min_wait_secs
-    };
-    (f64::from(longest) * cfg.wait_factor).clamp(floor, cfg.max_bound_secs.max(floor))
+    let waits = f64::from(longest) * cfg.wait_factor;
+    if seen >= cfg.warmup_collectives {
+        return waits.clamp(cfg.min_wait_secs, cfg.max_bound_secs.max(cfg.min_wait_secs));
+    }
+    match iteration.filter(|p| p.is_finite() && *p > 0.0) {
+        Some(p) if seen >= cfg.prior_collectives => waits
+            .max(cfg.prior_iterations * p)
+            .clamp(cfg.min_wait_secs, cfg.warmup_secs.max(cfg.min_wait_secs)),
+        _ => cfg.warmup_secs,
+    }
 }
 
 struct Stall<'a> {
@@ -110,6 +129,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         return vec![];
     }
     let learned = learned_waits(job);
+    let iteration = job.iteration_secs();
     let mut stalls: Vec<Stall<'_>> = Vec::new();
     for c in &job.comms {
         if c.inflight_since == Timestamp::MAX
@@ -165,7 +185,11 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         {
             continue;
         }
-        let bound = bound_secs(cfg, learned.get(&class_of(c)).copied().unwrap_or_default());
+        let bound = bound_secs(
+            cfg,
+            learned.get(&class_of(c)).copied().unwrap_or_default(),
+            iteration,
+        );
         // A wait is only confirmed up to the moment the laggards' agents last reported
         // (a member that arrived after its agent's last batch looks missing until the
         // next one) and the waiters' agents last said they were still inside (when a
@@ -237,7 +261,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             return vec![];
         };
         let ranks: Vec<u32> = s.comm.members.iter().map(|m| m.rank).collect();
-        let op = CollOp::from_wire(s.comm.op).as_str();
+        let op = CollOp::from_wire(s.comm.op_of(s.seq)).as_str();
         // ... unless a member's process is stopped (SIGSTOP, a debugger): it stopped
         // inside the collective and holds everyone else there.
         let mut stopped: Vec<(u32, Timestamp)> = ranks
@@ -285,7 +309,14 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         .filter(|s| s.missing.iter().any(|r| culprits.contains(r)))
         .min_by_key(|s| s.oldest);
     let Some(direct) = direct else { return vec![] };
-    let op = CollOp::from_wire(direct.comm.op).as_str();
+    // What the culprit never entered: the waiters' operation, or, on a point-to-point
+    // communicator, its other half (a receiver waits for a send).
+    let op = match CollOp::from_wire(direct.comm.op_of(direct.seq)) {
+        CollOp::Recv => CollOp::Send,
+        CollOp::Send => CollOp::Recv,
+        op => op,
+    }
+    .as_str();
     let onset = culprits
         .iter()
         .filter_map(|&r| {
@@ -434,7 +465,7 @@ fn partial(w: Window<'_>, stalls: &[Stall<'_>]) -> Option<Verdict> {
         .map(|m| m.last_started_at)
         .min()
         .unwrap_or(c.max_completed_at);
-    let op = CollOp::from_wire(c.op).as_str();
+    let op = CollOp::from_wire(c.op_of(seq)).as_str();
     let mut stopped: Vec<(u32, Timestamp)> = stuck
         .iter()
         .filter_map(|m| Some((m.rank, job.ranks.get(m.rank as usize)?.stopped_since?)))

@@ -25,7 +25,8 @@ fn ns(s: f64) -> i64 {
 struct Job {
     cluster: Cluster,
     per_node: u32,
-    seq: u64,
+    /// Each node's agent numbers its own batches.
+    seq: std::collections::HashMap<u32, u64>,
     stats: EngineStats,
     /// In-flight records, re-sent with every heartbeat as real agents do.
     in_flight: Vec<CollectiveEvent>,
@@ -36,7 +37,7 @@ impl Job {
         let mut j = Job {
             cluster: Cluster::default(),
             per_node,
-            seq: 0,
+            seq: Default::default(),
             stats: EngineStats::default(),
             in_flight: Vec::new(),
         };
@@ -69,12 +70,13 @@ impl Job {
     }
 
     fn send(&mut self, node: u32, t: f64, js: JobSignals, events: Vec<NodeEvent>) {
-        self.seq += 1;
+        let seq = self.seq.entry(node).or_default();
+        *seq += 1;
         let b = Batch {
             node: format!("node-{node:02}"),
             agent_id: "a".into(),
             boot_id: "b".into(),
-            seq: self.seq,
+            seq: *seq,
             sent_at_ns: ns(t),
             jobs: vec![js],
             events,
@@ -85,11 +87,16 @@ impl Job {
 
     /// Rank `r` entered `seq` of `comm` at `start` and (if `end`) completed it.
     fn coll(&mut self, comm: u64, r: u32, seq: u64, start: f64, end: Option<f64>) {
+        self.coll_op(comm, r, seq, start, end, CollOp::AllReduce);
+    }
+
+    /// [`Job::coll`] of operation `op`.
+    fn coll_op(&mut self, comm: u64, r: u32, seq: u64, start: f64, end: Option<f64>, op: CollOp) {
         let ev = CollectiveEvent {
             comm,
             rank: r,
             seq,
-            op: CollOp::AllReduce as i32,
+            op: op as i32,
             bytes: 1 << 20,
             start_ns: ns(start),
             end_ns: end.map_or(0, ns),
@@ -884,4 +891,189 @@ fn the_run_remediation_restarts_is_no_crash_and_the_next_run_starts_clean() {
     );
     j.heartbeats(31.5);
     check(&j, IncidentKind::Crash, 31.5, Some(&[1]));
+}
+
+/// A DDP-like job on one node: each step a forward, a backward in `buckets` chunks
+/// with each chunk's gradient all-reduce issued asynchronously as it is ready (all on
+/// the one process group), an optimizer step, then the step mark. Rank `slow` (if any)
+/// computes `factor` times as long from step `from` on. With `marks` false the job
+/// reports no steps (a capture path that sees only collectives).
+fn multi_bucket(
+    nranks: u32,
+    buckets: u64,
+    steps: u64,
+    slow: Option<(u32, f64, u64)>,
+    marks: bool,
+) -> Job {
+    let mut j = Job::new(1, nranks);
+    let mut seq = 0u64;
+    let mut begin = vec![0.0f64; nranks as usize];
+    for step in 1..=steps {
+        let speed = |r: u32| match slow {
+            Some((s, f, from)) if s == r && step >= from => f,
+            _ => 1.0,
+        };
+        // Issue times of each bucket on each rank.
+        let mut issued = vec![vec![0.0f64; buckets as usize]; nranks as usize];
+        for r in 0..nranks {
+            let mut t = begin[r as usize] + 0.1 * speed(r);
+            for at in issued[r as usize].iter_mut() {
+                t += 0.06 * speed(r);
+                *at = t;
+            }
+        }
+        let mut ends = vec![0.0f64; buckets as usize];
+        let mut prev = 0.0f64;
+        for b in 0..buckets as usize {
+            let last_in = (0..nranks as usize)
+                .map(|r| issued[r][b])
+                .fold(0.0, f64::max);
+            ends[b] = (last_in + 0.004).max(prev + 0.001);
+            prev = ends[b];
+        }
+        for b in 0..buckets as usize {
+            seq += 1;
+            for r in 0..nranks {
+                j.coll(1, r, seq, issued[r as usize][b], Some(ends[b]));
+            }
+        }
+        for r in 0..nranks {
+            let mark = ends[buckets as usize - 1] + 0.02 * speed(r);
+            if marks {
+                j.metric(r, step, mark, 1.0, 1.0);
+            }
+            begin[r as usize] = mark;
+        }
+    }
+    j
+}
+
+#[test]
+fn iterations_run_from_step_mark_to_step_mark_whatever_the_collectives_in_between() {
+    // Three buckets a step: compute per step is 0.1 + 3 × 0.06 + 0.02 = 0.3 s, with
+    // overlapping asynchronous all-reduces counted once.
+    let j = multi_bucket(4, 3, 12, None, true);
+    let r = &j.cluster.jobs["j"].ranks[1];
+    assert_eq!(r.iterations(), crate::state::IterationSource::Steps);
+    let secs: Vec<f32> = r.compute.recent(8).map(|s| s.secs).collect();
+    assert_eq!(secs.len(), 8);
+    for s in secs {
+        assert!((s - 0.3).abs() < 0.01, "compute per step {s}");
+    }
+}
+
+#[test]
+fn a_slow_rank_in_a_multi_bucket_job_on_one_node_is_named_within_twenty_steps() {
+    for buckets in [1u64, 2, 4] {
+        let j = multi_bucket(4, buckets, 40, Some((2, 1.5, 20)), true);
+        let f = j.findings(IncidentKind::Straggler, 100.0);
+        assert_eq!(f.len(), 1, "{buckets} buckets: {f:#?}");
+        assert_eq!(f[0].ranks, vec![2], "{}", f[0].summary);
+        let clean = multi_bucket(4, buckets, 40, None, true);
+        check(&clean, IncidentKind::Straggler, 100.0, None);
+    }
+}
+
+#[test]
+fn without_step_marks_iterations_fall_back_to_the_collectives_and_say_so() {
+    let j = multi_bucket(4, 1, 12, None, false);
+    let r = &j.cluster.jobs["j"].ranks[0];
+    assert_eq!(r.iterations(), crate::state::IterationSource::Collectives);
+    assert!(!r.compute.is_empty());
+}
+
+#[test]
+fn a_receive_whose_sender_never_sends_is_a_hang_naming_the_sender_and_its_send() {
+    // A two-stage pipeline: rank 0 sends activations to rank 1 on their own
+    // point-to-point communicator (rank 0 is member 0), 60 times, then stops sending.
+    let mut j = Job::new(2, 1);
+    for k in 1..=60u64 {
+        let t = k as f64 * 0.2;
+        j.coll_op(9, 0, k, t, Some(t + 0.01), CollOp::Send);
+        j.coll_op(9, 1, k, t - 0.05, Some(t + 0.01), CollOp::Recv);
+    }
+    // Rank 1 then waits in receive 61, and a broadcast on another communicator ran
+    // last.
+    j.coll_op(8, 0, 1, 12.1, Some(12.15), CollOp::Broadcast);
+    j.coll_op(8, 1, 1, 12.1, Some(12.15), CollOp::Broadcast);
+    j.coll_op(9, 1, 61, 12.2, None, CollOp::Recv);
+    j.heartbeats(13.0);
+    j.heartbeats(20.0);
+    let f = j.findings(IncidentKind::Hang, 20.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].ranks, vec![0], "{}", f[0].summary);
+    assert!(
+        f[0].summary.starts_with("rank 0 never entered send seq 61"),
+        "{}",
+        f[0].summary
+    );
+}
+
+#[test]
+fn a_hang_in_a_jobs_first_steps_is_called_within_a_few_iterations_not_the_warm_up_bound() {
+    // Four ranks, one all-reduce and a step mark every 0.5 s; rank 3 stops before the
+    // sixth all-reduce.
+    let mut j = Job::new(4, 1);
+    for step in 1..=5u64 {
+        let t = step as f64 * 0.5;
+        for r in 0..4 {
+            j.coll(1, r, step, t - 0.1 + 0.01 * f64::from(r), Some(t));
+            j.metric(r, step, t + 0.02, 1.0, 1.0);
+        }
+    }
+    for r in 0..3 {
+        j.coll(1, r, 6, 2.9, None);
+    }
+    j.heartbeats(3.5);
+    check(&j, IncidentKind::Hang, 3.5, None); // within three iterations
+    j.heartbeats(5.0);
+    check(&j, IncidentKind::Hang, 5.0, Some(&[3]));
+}
+
+#[test]
+fn a_communicator_with_fewer_than_four_collectives_keeps_the_warm_up_bound() {
+    // Three steps seen: too few waits to learn from (a job's first collectives wait
+    // for its slowest starter).
+    let mut j = Job::new(4, 1);
+    for step in 1..=3u64 {
+        let t = step as f64 * 0.5;
+        for r in 0..4 {
+            j.coll(1, r, step, t - 0.1, Some(t));
+            j.metric(r, step, t + 0.02, 1.0, 1.0);
+        }
+    }
+    for r in 0..3 {
+        j.coll(1, r, 4, 1.9, None);
+    }
+    j.heartbeats(8.0);
+    check(&j, IncidentKind::Hang, 8.0, None);
+    j.heartbeats(12.5);
+    check(&j, IncidentKind::Hang, 12.5, Some(&[3]));
+}
+
+#[test]
+fn step_marks_every_few_steps_give_the_mean_step() {
+    // A program that reports every fourth step: four steps of 0.3 s compute, each with
+    // one all-reduce of 0.1 s, between two marks.
+    let mut j = Job::new(1, 1);
+    let mut t = 0.0;
+    let mut seq = 0;
+    for step in 1..=40u64 {
+        t += 0.3;
+        seq += 1;
+        j.coll(1, 0, seq, t, Some(t + 0.1));
+        t += 0.1;
+        if step % 4 == 0 {
+            j.metric(0, step, t, 1.0, 1.0);
+        }
+    }
+    let r = &j.cluster.jobs["j"].ranks[0];
+    let samples: Vec<(f32, f32)> = r.compute.recent(8).map(|s| (s.secs, s.period)).collect();
+    assert_eq!(samples.len(), 8, "{samples:?}");
+    for (secs, period) in samples {
+        assert!(
+            (secs - 0.3).abs() < 0.01 && (period - 0.4).abs() < 0.01,
+            "{secs} {period}"
+        );
+    }
 }

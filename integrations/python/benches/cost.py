@@ -9,10 +9,12 @@ reporting in the same process, so that slow drift of the machine falls on both s
 - ``step()``: ``warden_torch.step(n, loss=..., grad_norm=...)`` with one-element tensors.
 - ``DDP step``: one training step of the model in ``examples/train_ddp.py`` (forward,
   backward with DDP's gradient all-reduce, grad-norm clip, optimizer step, ``step()``).
-  Without reporting, DDP's built-in all-reduce; with it, the hook ``warden_torch``
-  installs and the report of every collective and of the step.
-- ``DDP hook alone``: the same step with that hook but reporting off, which is what the
-  Python hook itself costs next to DDP's built-in path (the part no report can avoid).
+  Without reporting, DDP's built-in all-reduce; with it, the report of every collective
+  and of the step (and, in ``methods`` capture, the DDP hook ``warden_torch`` installs).
+- ``DDP step, 4 buckets``: the same with ``train_ddp.py --buckets 4``'s model, which DDP
+  reduces in four buckets a step.
+- ``DDP hook alone`` (``methods`` capture only): the step with that hook but reporting
+  off, which is what the Python hook itself costs next to DDP's built-in path.
 
 Prints the median time per call of each side over the blocks and their difference.
 
@@ -84,10 +86,17 @@ def main():
 
     # Two identical DDP models: the first runs its first forward before reporting is
     # ever on, so it keeps DDP's built-in all-reduce; the second gets warden_torch's hook.
-    def model():
+    def model(buckets=1):
         torch.manual_seed(0)
-        m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
-        ddp = nn.parallel.DistributedDataParallel(m)
+        if buckets == 1:
+            m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+            ddp = nn.parallel.DistributedDataParallel(m)
+        else:
+            layers = [nn.Linear(32, 64), nn.ReLU()]
+            for _ in range(buckets - 2):
+                layers += [nn.Linear(64, 64), nn.ReLU()]
+            m = nn.Sequential(*layers, nn.Linear(64, 1))
+            ddp = nn.parallel.DistributedDataParallel(m, bucket_cap_mb=16 / 1024)
         return ddp, torch.optim.SGD(ddp.parameters(), lr=0.01)
 
     gen = torch.Generator().manual_seed(1000)
@@ -105,20 +114,27 @@ def main():
 
         return one
 
-    plain = model()
-    train_step(*plain)(0)
+    plain, plain4 = model(), model(4)
+    for m in (plain, plain4):
+        train_step(*m)(0)
+        train_step(*m)(1)  # DDP rebuilds its buckets after the first step
     warden_torch.init()
-    hooked = model()
-    train_step(*hooked)(0)
+    mode = warden_torch.capture_mode()
+    hooked, hooked4 = model(), model(4)
+    for m in (hooked, hooked4):
+        train_step(*m)(0)
+        train_step(*m)(1)
     warden_torch.shutdown()
 
-    print("torch %s, Python %s, %d blocks of %d calls a side" % (
-        torch.__version__, sys.version.split()[0], args.blocks, args.per_block))
+    print("torch %s, Python %s, capture %s, %d blocks of %d calls a side" % (
+        torch.__version__, sys.version.split()[0], mode, args.blocks, args.per_block))
     compare("all_reduce", sync, sync, args.blocks, args.per_block)
     compare("all_reduce async", asynchronous, asynchronous, args.blocks, args.per_block)
     compare("step()", report, report, args.blocks, args.per_block)
     compare("DDP step", train_step(*plain), train_step(*hooked), args.blocks, args.per_block)
-    compare("DDP hook alone", train_step(*plain), train_step(*hooked), args.blocks, args.per_block, report=False)
+    compare("DDP step, 4 buckets", train_step(*plain4), train_step(*hooked4), args.blocks, args.per_block)
+    if mode == "methods":
+        compare("DDP hook alone", train_step(*plain), train_step(*hooked), args.blocks, args.per_block, report=False)
     dist.destroy_process_group()
 
 

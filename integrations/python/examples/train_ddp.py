@@ -43,6 +43,13 @@ def main():
     p.add_argument("--no-warden", action="store_true", help="train without reporting (overhead baseline)")
     p.add_argument("--checkpoint-dir", default=None, help="save and resume here (Megatron-LM layout)")
     p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument(
+        "--buckets",
+        type=int,
+        default=1,
+        help="gradient buckets per step (1: one all-reduce a step; N: a deeper model whose "
+        "layers DDP reduces one bucket each, as real models with many buckets do)",
+    )
     args = p.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout_s))
@@ -50,8 +57,18 @@ def main():
     if not args.no_warden:
         warden_torch.init()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
-    ddp = nn.parallel.DistributedDataParallel(model)
+    if args.buckets <= 1:
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+        ddp = nn.parallel.DistributedDataParallel(model)
+    else:
+        layers = [nn.Linear(32, 64), nn.ReLU()]
+        for _ in range(args.buckets - 2):
+            layers += [nn.Linear(64, 64), nn.ReLU()]
+        layers.append(nn.Linear(64, 1))
+        model = nn.Sequential(*layers)
+        # One 64x64 layer is 16.6 kB: a 16 kB cap gives each layer a bucket of its own
+        # (from the second step on: DDP reduces one bucket in its first).
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=16 / 1024)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     first = 1
     if args.checkpoint_dir:

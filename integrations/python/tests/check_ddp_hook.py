@@ -1,5 +1,10 @@
 """warden_torch's DDP hook: the gradients of DDP's built-in all-reduce, and a report of each.
 
+The hook is how gradient all-reduces are seen where process groups have no hooks of
+their own (torch before 2.15, or ``WARDEN_TORCH_CAPTURE=methods``, which this check
+sets); with process-group hooks DDP keeps its built-in path and tests/check_capture.py
+covers it.
+
 Two gloo ranks on 127.0.0.1 train two copies of one model side by side: one with DDP's
 built-in all-reduce (its first forward runs before ``warden_torch.init()``), one with the
 hook ``warden_torch`` installs. Each rank listens on a Unix socket of its own in place of
@@ -22,34 +27,14 @@ import socket
 import struct
 import sys
 import tempfile
-import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+from fake_agent import leave, listen  # noqa: E402
 
 STEPS = 4
-
-
-def serve(path, frames, done):
-    """Accept one connection and keep every frame's body until it closes."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
-    conn, _ = srv.accept()
-    buf = b""
-    while True:
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while len(buf) >= 2:
-            (n,) = struct.unpack_from("<H", buf)
-            if len(buf) < 2 + n:
-                break
-            frames.append(buf[2 : 2 + n])
-            buf = buf[2 + n :]
-    done.set()
 
 
 def rank_main(rank, world, port, sock_dir, failures):
@@ -63,11 +48,7 @@ def rank_main(rank, world, port, sock_dir, failures):
     def fail(msg):
         failures.put("rank %d: %s" % (rank, msg))
 
-    path = os.path.join(sock_dir, "rank%d.sock" % rank)
-    frames, closed = [], threading.Event()
-    threading.Thread(target=serve, args=(path, frames, closed), daemon=True).start()
-    while not os.path.exists(path):
-        time.sleep(0.01)
+    path, frames, closed = listen(sock_dir, rank)
 
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
 
@@ -153,14 +134,11 @@ def rank_entry(rank, world, port, sock_dir, failures):
     except BaseException as e:
         failures.put("rank %d raised %s: %s" % (rank, type(e).__name__, e))
         code = 1
-    failures.close()
-    failures.join_thread()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave(failures, code)
 
 
 def main():
+    os.environ["WARDEN_TORCH_CAPTURE"] = "methods"
     ctx = multiprocessing.get_context("spawn")
     failures = ctx.Queue()
     with socket.socket() as s:

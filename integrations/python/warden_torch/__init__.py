@@ -2,11 +2,17 @@
 
 Call ``warden_torch.init()`` once in each training process, after
 ``torch.distributed.init_process_group``, and ``warden_torch.step(n, loss=..., grad_norm=...)``
-once per step. From then on every collective the process issues through
-``torch.distributed`` (``all_reduce``, ``broadcast``, ``all_gather``, ``barrier``, ...) is
-reported when it starts and when it completes on this rank, and so are the gradient
-all-reduces of ``DistributedDataParallel`` (which registers a communication hook that
-reports them), for gloo and NCCL alike.
+once per step. From then on every operation of every process group is reported when it
+starts and when it completes on this rank: collectives (all-reduce, all-gather,
+reduce-scatter in all their spellings, all-to-all, broadcast, reduce, gather, scatter,
+barrier, the coalesced forms) and point-to-point sends and receives, with their peer,
+for gloo and NCCL alike. Where ``ProcessGroup`` has pre- and post-hooks (torch 2.15),
+they are the one place every operation passes, whoever issues it: ``torch.distributed``,
+DDP's reducer, FSDP2, functional collectives. Elsewhere the ``ProcessGroup`` methods are
+wrapped, which sees everything issued from Python, and DDP gets a communication hook
+that issues its gradient all-reduces from Python; functional collectives are then
+unseen. The steps delimit iterations: everything between two ``step()`` calls belongs
+to that step.
 
 Reports are length-prefixed messages on a Unix stream connection to the agent
 (``WARDEN_AGENT_SOCKET``, default ``/run/warden/capture.sock``), written without
@@ -16,7 +22,9 @@ the connection is tried again every few seconds. The training loop always goes o
 nothing here raises into it. The agent learns of the process's death from the
 connection closing.
 
-The job id is ``WARDEN_JOB``, else ``SLURM_JOB_ID``, else ``TORCHELASTIC_RUN_ID``; the rank is
+The job id is ``WARDEN_JOB``, else ``SLURM_JOB_ID``, else ``TORCHELASTIC_RUN_ID`` unless it
+is ``none`` (plain ``torchrun`` sets that for every job), else one rank 0 makes up and
+shares through the process group's store (``torch-<date>-<time>-<random>``); the rank is
 the process group's, else ``RANK``.
 """
 
@@ -31,7 +39,7 @@ import time
 
 from . import _wire
 
-__all__ = ["init", "step", "stats", "shutdown", "DEFAULT_SOCKET"]
+__all__ = ["init", "step", "stats", "shutdown", "capture_mode", "DEFAULT_SOCKET"]
 
 DEFAULT_SOCKET = "/run/warden/capture.sock"
 _HELLO_EVERY_S = 5.0
@@ -72,6 +80,11 @@ class _State:
         self.backlog = b""
         self.send_lock = threading.Lock()
         self.comms = {}
+        self.p2p = {}
+        self.hooked = set()
+        self.unwaited = {}
+        self.wait_patched = False
+        self.mode = None
         self.sent = 0
         self.dropped = 0
         self.next_hello = 0.0
@@ -91,7 +104,7 @@ class _State:
         self.sock = s
         self.backlog = b""
         self._send(self.hello())
-        for c in list(self.comms.values()):
+        for c in list(self.comms.values()) + list(self.p2p.values()):
             self._send(_wire.comm(self.pid, self.rank, c.id, c.size, c.rank, c.name))
         return True
 
@@ -144,10 +157,32 @@ class _State:
 
 def _job_id():
     for var in ("WARDEN_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
-        v = os.environ.get(var)
-        if v:
+        v = os.environ.get(var, "").strip()
+        if v and v.lower() != "none":
             return v
     return None
+
+
+_STORE_KEY = "warden_torch/job"
+
+
+def _shared_job_id(dist):
+    """A name for a job that has none: rank 0 makes one up and every rank reads it from
+    the process group's store, so all ranks of the job, and only they, share it."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if dist.get_rank() == 0:
+            import secrets
+
+            store.set(_STORE_KEY, "torch-%s-%s" % (time.strftime("%Y%m%d-%H%M%S"), secrets.token_hex(3)))
+        else:
+            import datetime
+
+            store.wait([_STORE_KEY], datetime.timedelta(seconds=60))
+        return store.get(_STORE_KEY).decode("utf-8", "replace")
+    except Exception as e:
+        _log.debug("warden_torch: no job id from the store: %s", e)
+        return None
 
 
 def _int_env(name, default):
@@ -165,8 +200,8 @@ def _comm_id(name):
     return h
 
 
-def _comm_of(st, dist, group):
-    pg = group if group is not None else dist.group.WORLD
+def _pg_comm(st, dist, pg):
+    """The communicator of process group ``pg``, registered with the agent on first use."""
     c = st.comms.get(pg)
     if c is not None:
         return c
@@ -178,8 +213,30 @@ def _comm_of(st, dist, group):
             name = dist.distributed_c10d._get_process_group_name(pg)
         except Exception:
             name = getattr(pg, "group_name", "default")
-        c = _Comm(_comm_id("pg:" + str(name)), dist.get_world_size(pg), dist.get_rank(pg), "pg:" + str(name))
+        c = _Comm(_comm_id("pg:" + str(name)), pg.size(), pg.rank(), "pg:" + str(name))
         st.comms[pg] = c
+    st.send(_wire.comm(st.pid, st.rank, c.id, c.size, c.rank, c.name))
+    return c
+
+
+def _p2p_comm(st, dist, pg, src, dst):
+    """The communicator of point-to-point traffic from group rank ``src`` to ``dst`` of
+    ``pg``: two members (the sender is 0), numbered in the order the pair's messages
+    match, so the sender's n-th send and the receiver's n-th receive share a sequence
+    number whatever else either rank does."""
+    key = (pg, src, dst)
+    c = st.p2p.get(key)
+    if c is not None:
+        return c
+    base = _pg_comm(st, dist, pg)
+    with _lock:
+        c = st.p2p.get(key)
+        if c is not None:
+            return c
+        name = "%s:p2p:%d>%d" % (base.name, src, dst)
+        me = 0 if base.rank == src else 1
+        c = _Comm(_comm_id(name), 2, me, name)
+        st.p2p[key] = c
     st.send(_wire.comm(st.pid, st.rank, c.id, c.size, c.rank, c.name))
     return c
 
@@ -193,138 +250,297 @@ def _nbytes(x):
         return 0
 
 
-def _wrap(dist, fname):
-    orig = getattr(dist, fname)
-    if getattr(orig, "_warden_wrapped", False):
-        return None
-    import inspect
+# Wire op of each operation, by the name ProcessGroup hooks give it and by the name of
+# the ProcessGroup method that runs it (torch 2.4 to 2.15 spell some differently).
+_HOOK_OPS = {
+    "ALLREDUCE": 1,
+    "ALLREDUCE_COALESCED": 1,
+    "ALLGATHER": 2,
+    "ALLGATHER_BASE": 2,
+    "ALLGATHER_COALESCED": 2,
+    "ALLGATHER_INTO_TENSOR_COALESCED": 2,
+    "REDUCE_SCATTER": 3,
+    "REDUCE_SCATTER_BASE": 3,
+    "REDUCE_SCATTER_TENSOR_COALESCED": 3,
+    "BROADCAST": 4,
+    "REDUCE": 5,
+    "ALLTOALL": 6,
+    "ALLTOALL_BASE": 6,
+    "SEND": 7,
+    "RECV": 8,
+    "BARRIER": 10,
+    "GATHER": 0,
+    "SCATTER": 0,
+}
+_METHOD_OPS = {
+    "allreduce": 1,
+    "allreduce_coalesced": 1,
+    "allgather": 2,
+    "_allgather_base": 2,
+    "all_gather_single": 2,
+    "allgather_coalesced": 2,
+    "allgather_into_tensor_coalesced": 2,
+    "all_gather_single_coalesced": 2,
+    "reduce_scatter": 3,
+    "_reduce_scatter_base": 3,
+    "reduce_scatter_single": 3,
+    "reduce_scatter_tensor_coalesced": 3,
+    "reduce_scatter_single_coalesced": 3,
+    "broadcast": 4,
+    "reduce": 5,
+    "alltoall": 6,
+    "alltoall_base": 6,
+    "all_to_all_single": 6,
+    "barrier": 10,
+    "gather": 0,
+    "gather_single": 0,
+    "gather_into_tensor": 0,
+    "scatter": 0,
+    "send": 7,
+    "recv": 8,
+}
+_SEND, _RECV = 7, 8
+# Point-to-point works whose backend gives no future (gloo's send and recv) end when
+# they are waited for; at most this many wait at once.
+_MAX_UNWAITED = 4096
 
-    params = list(inspect.signature(orig).parameters)
-    g_at = params.index("group") if "group" in params else None
-    a_at = params.index("async_op") if "async_op" in params else None
-    op = _wire.OPS.get(fname, 0)
 
-    def wrapper(*args, **kwargs):
-        st = _state
-        if st is None or st.exited:
-            return orig(*args, **kwargs)
+def _begin(st, dist, pg, op, peer, nbytes):
+    """Report the start of an operation on ``pg``; its (communicator, sequence number),
+    or None when it is not reported (a receive from any source)."""
+    if op == _SEND or op == _RECV:
+        if peer is None or peer < 0:
+            return None
+        me = _pg_comm(st, dist, pg).rank
+        c = _p2p_comm(st, dist, pg, me, peer) if op == _SEND else _p2p_comm(st, dist, pg, peer, me)
+    else:
+        c = _pg_comm(st, dist, pg)
+    seq = next(c.seq)
+    st.send(_wire.start(st.pid, st.rank, c.id, seq, op, nbytes, time.time_ns()))
+    return c, seq
+
+
+def _finish(st, work, key):
+    """Report the end of ``work`` when it completes on this rank: from its future's
+    callback, or, where the backend has none, when it is waited for."""
+    c, seq = key
+
+    def done(f):
         try:
-            group = kwargs.get("group") if "group" in kwargs else (args[g_at] if g_at is not None and len(args) > g_at else None)
-            is_async = kwargs.get("async_op") if "async_op" in kwargs else (args[a_at] if a_at is not None and len(args) > a_at else False)
-            c = _comm_of(st, dist, group)
-            seq = next(c.seq)
-            payload = args[0] if args else next(iter(kwargs.values()), None)
-            st.send(_wire.start(st.pid, st.rank, c.id, seq, op, _nbytes(payload), time.time_ns()))
+            f.value()
         except Exception:
-            return orig(*args, **kwargs)
-        result = orig(*args, **kwargs)
+            return None  # failed: it did not complete
         try:
-            if is_async and result is not None:
-                fut = result.get_future()
-
-                def done(f, c=c, seq=seq):
-                    try:
-                        f.value()
-                    except Exception:
-                        return None  # failed: it did not complete
-                    try:
-                        st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
-                    except Exception:
-                        pass
-                    return None
-
-                fut.then(done)
-            else:
-                st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
+            st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
         except Exception:
             pass
+        return None
+
+    try:
+        work.get_future().then(done)
+        return
+    except Exception:
+        pass
+    _watch_wait(st)
+    if len(st.unwaited) < _MAX_UNWAITED:
+        st.unwaited[id(work)] = (work, c, seq)
+
+
+def _watch_wait(st):
+    """Patch ``Work.wait`` once, to report the ends of works that have no future."""
+    if st.wait_patched:
+        return
+    st.wait_patched = True
+    try:
+        from torch._C._distributed_c10d import Work
+    except Exception:
+        return
+    orig = Work.wait
+
+    def wait(self, *args, **kwargs):
+        result = orig(self, *args, **kwargs)
+        s = _state
+        if s is not None and s.unwaited:
+            entry = s.unwaited.pop(id(self), None)
+            if entry is not None and not s.exited:
+                try:
+                    s.send(_wire.end(s.pid, s.rank, entry[1].id, entry[2], time.time_ns()))
+                except Exception:
+                    pass
         return result
 
-    wrapper._warden_wrapped = True
-    wrapper.__wrapped__ = orig
-    wrapper.__name__ = orig.__name__
-    wrapper.__doc__ = orig.__doc__
-    return orig, wrapper
+    raw = vars(Work).get("wait", orig)
+    Work.wait = wait
+    st.patched.append((Work, "wait", raw))
 
 
-_COLLECTIVES = (
-    "all_reduce",
-    "broadcast",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "reduce",
-    "barrier",
-    "all_to_all_single",
-    "all_to_all",
-    "gather",
-    "scatter",
-)
+def _hook_pg(st, dist, pg):
+    """Report every operation ``pg`` runs, whoever issues it (Python, DDP's reducer in
+    C++, functional collectives), through the process group's own pre- and post-hooks."""
+    if pg in st.hooked:
+        return
+    st.hooked.add(pg)
+    begun = {}
+
+    def pre(a):
+        s = _state
+        if s is None or s.exited:
+            return
+        if len(begun) > _MAX_UNWAITED:
+            begun.clear()  # posts that never came (operations that raised)
+        try:
+            op = _HOOK_OPS.get(a.name.name)
+            if op is None:
+                return
+            peer = a.root if op in (_SEND, _RECV) else None
+            key = _begin(s, dist, pg, op, peer, _nbytes(a.input_tensors))
+            if key is not None:
+                begun[a.op_id] = key
+        except Exception:
+            pass
+
+    def post(a):
+        s = _state
+        key = begun.pop(a.op_id, None)
+        if key is None or s is None or s.exited:
+            return
+        try:
+            if a.work is None:
+                s.send(_wire.end(s.pid, s.rank, key[0].id, key[1], time.time_ns()))
+            else:
+                _finish(s, a.work, key)
+        except Exception:
+            pass
+
+    try:
+        pg.register_pre_hook(_HOOK_ID, pre)
+        pg.register_post_hook(_HOOK_ID, post)
+        st.patched.append((pg, _HOOK_ID, None))
+    except Exception as e:
+        _log.debug("warden_torch: hooks not registered on %s: %s", pg, e)
 
 
-def _patch_collectives(st, dist):
+_HOOK_ID = 0x5741524445  # "WARDE"
+
+
+def _hook_groups(st, dist):
+    """Hook every process group this process has, now and when one is created."""
     c10d = dist.distributed_c10d
-    for fname in _COLLECTIVES:
-        if not hasattr(dist, fname):
+    try:
+        for pg in list(c10d._world.pg_map):
+            _hook_pg(st, dist, pg)
+    except Exception as e:
+        _log.debug("warden_torch: cannot list process groups: %s", e)
+    orig = getattr(c10d, "_register_process_group", None)
+    if orig is None or getattr(orig, "_warden_wrapped", False):
+        return
+
+    def register(name, pg, *args, **kwargs):
+        result = orig(name, pg, *args, **kwargs)
+        s = _state
+        if s is not None and not s.exited:
+            try:
+                _hook_pg(s, dist, pg)
+            except Exception:
+                pass
+        return result
+
+    register._warden_wrapped = True
+    c10d._register_process_group = register
+    st.patched.append((c10d, "_register_process_group", orig))
+
+
+def _patch_methods(st, dist):
+    """Report every operation issued through a ``ProcessGroup`` method from Python: all
+    of ``torch.distributed`` (collectives, point-to-point, coalesced, object
+    collectives) and the DDP hook below. For torch releases without process-group
+    hooks; collectives issued from C++ (functional collectives) stay unseen."""
+    try:
+        from torch._C._distributed_c10d import ProcessGroup
+    except Exception:
+        return
+    for mname, op in _METHOD_OPS.items():
+        orig = getattr(ProcessGroup, mname, None)
+        if orig is None or getattr(orig, "_warden_wrapped", False):
             continue
-        pair = _wrap(dist, fname)
-        if pair is None:
-            continue
-        orig, wrapper = pair
-        for mod in (dist, c10d):
-            if getattr(mod, fname, None) is orig:
-                setattr(mod, fname, wrapper)
-                st.patched.append((mod, fname, orig))
+        wrapper = _method_wrapper(dist, orig, op)
+        # Restore the class's own entry (pybind keeps methods there as instance-method
+        # descriptors; the function getattr gives would not bind self).
+        raw = vars(ProcessGroup).get(mname, orig)
+        setattr(ProcessGroup, mname, wrapper)
+        st.patched.append((ProcessGroup, mname, raw))
+
+
+def _method_wrapper(dist, orig, op):
+    p2p = op in (_SEND, _RECV)
+
+    def method(self, *args, **kwargs):
+        st = _state
+        if st is None or st.exited:
+            return orig(self, *args, **kwargs)
+        try:
+            peer = None
+            if p2p:
+                peer = args[1] if len(args) > 1 else kwargs.get("dstRank", kwargs.get("srcRank"))
+            key = _begin(st, dist, self, op, peer, _nbytes(args[0] if args else None))
+        except Exception:
+            key = None
+        work = orig(self, *args, **kwargs)
+        if key is not None:
+            try:
+                _finish(st, work, key)
+            except Exception:
+                pass
+        return work
+
+    method._warden_wrapped = True
+    method.__wrapped__ = orig
+    method.__name__ = getattr(orig, "__name__", "method")
+    method.__doc__ = getattr(orig, "__doc__", None)
+    return method
+
+
+def _has_pg_hooks():
+    try:
+        from torch._C._distributed_c10d import ProcessGroup
+    except Exception:
+        return False
+    return hasattr(ProcessGroup, "register_pre_hook") and hasattr(ProcessGroup, "register_post_hook")
+
+
+def _capture_mode():
+    """``hooks`` where ProcessGroup has pre- and post-hooks, else ``methods``;
+    ``WARDEN_TORCH_CAPTURE`` may ask for ``methods``."""
+    want = os.environ.get("WARDEN_TORCH_CAPTURE", "").strip().lower()
+    if want == "methods" or not _has_pg_hooks():
+        return "methods"
+    return "hooks"
 
 
 def _allreduce_hook(dist):
-    """DDP's gradient all-reduce, reported: the arithmetic of PyTorch's own
-    ``default_hooks.allreduce_hook`` (divide by the group size, sum), issued on the process
-    group directly, with the end reported from the one completion callback that hands DDP
-    its tensor. Every reported step pays for this, so it is kept lean: no
-    ``torch.distributed`` wrapper in between, one Python callback per bucket."""
-
-    op = _wire.OPS["all_reduce"]
+    """DDP's gradient all-reduce in Python, so that the ProcessGroup method wrappers see
+    it: the arithmetic of PyTorch's own ``default_hooks.allreduce_hook`` and of DDP's
+    built-in path (divide by the group size, sum). Only where process groups have no
+    hooks of their own."""
 
     def unwrap(fut):
         return fut.value()[0]
 
     def hook(pg, bucket):
         tensor = bucket.buffer()
-        st = _state
-        c = None
-        if st is not None and not st.exited:
-            try:
-                c = st.comms.get(pg) or _comm_of(st, dist, pg)
-                seq = next(c.seq)
-                st.send(_wire.start(st.pid, st.rank, c.id, seq, op, tensor.numel() * tensor.element_size(), time.time_ns()))
-            except Exception:
-                c = None
         tensor.div_(pg.size())
-        fut = pg.allreduce([tensor]).get_future()
-        if c is None:
-            return fut.then(unwrap)
-
-        def done(f):
-            result = f.value()[0]  # a failed all-reduce raises to DDP, unreported
-            try:
-                st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
-            except Exception:
-                pass
-            return result
-
-        return fut.then(done)
+        return pg.allreduce([tensor]).get_future().then(unwrap)
 
     return hook
 
 
 def _patch_ddp(st):
-    """Report DDP's gradient all-reduces, which never pass through torch.distributed.
+    """Route DDP's gradient all-reduces through Python, where the ProcessGroup method
+    wrappers see them (only where process groups have no hooks).
 
     A DDP model gets ``_allreduce_hook`` (the same arithmetic as DDP's built-in path)
     before its first forward, unless the program registers a hook of its own first; a
-    program's hook calls torch.distributed, where it is seen.
+    program's hook calls ProcessGroup methods, where it is seen.
     """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -371,11 +587,11 @@ def init(job=None, socket_path=None, rank=None, world_size=None, local_rank=None
             return True
         import torch.distributed as dist
 
-        job = job or _job_id()
+        initialized = dist.is_available() and dist.is_initialized()
+        job = job or _job_id() or (_shared_job_id(dist) if initialized else None)
         if not job:
             _log.warning("warden_torch: no job id (set WARDEN_JOB); not reporting")
             return False
-        initialized = dist.is_available() and dist.is_initialized()
         if rank is None:
             rank = dist.get_rank() if initialized else _int_env("RANK", 0)
         if world_size is None:
@@ -396,9 +612,13 @@ def init(job=None, socket_path=None, rank=None, world_size=None, local_rank=None
         connected = st.connect()
         _state = st
         if dist.is_available():
-            _patch_collectives(st, dist)
-            if ddp:
-                _patch_ddp(st)
+            st.mode = _capture_mode()
+            if st.mode == "hooks":
+                _hook_groups(st, dist)
+            else:
+                _patch_methods(st, dist)
+                if ddp:
+                    _patch_ddp(st)
         _install_exit_hooks()
         if not connected:
             _log.warning("warden_torch: cannot reach the agent at %s; trying again every %.0f s", path, _HELLO_EVERY_S)
@@ -438,6 +658,14 @@ def _float(x):
         return None
 
 
+def capture_mode():
+    """How operations are captured: ``hooks`` (process-group hooks: everything),
+    ``methods`` (ProcessGroup methods: everything issued from Python), or None before
+    ``init()``."""
+    st = _state
+    return st.mode if st else None
+
+
 def stats():
     """Datagrams sent and dropped so far."""
     st = _state
@@ -454,7 +682,15 @@ def shutdown(code=0, message=""):
         st.exited = True
         st._send(_wire.exit_(st.pid, st.rank, int(code), time.time_ns(), message))
         for obj, name, orig in reversed(st.patched):
-            setattr(obj, name, orig)
+            if orig is None:
+                # A process group's hooks (name is their id).
+                try:
+                    obj.unregister_pre_hook(name)
+                    obj.unregister_post_hook(name)
+                except Exception:
+                    pass
+            else:
+                setattr(obj, name, orig)
         if st.sock is not None:
             # Push out what is still waiting (briefly: the process is exiting).
             if st.backlog:

@@ -1,0 +1,57 @@
+"""What the two-rank checks share: a Unix socket standing in for the agent, and a
+rank's way out.
+
+``listen`` starts, for one rank, a thread that accepts one connection on a socket of
+the rank's own and keeps every frame's body (the bytes after the u16 length) until the
+connection closes. ``leave`` ends a rank's process without the interpreter's teardown,
+where PyTorch's gloo threads can abort the process (see examples/train_ddp.py), once
+what it put on its queue is flushed.
+"""
+
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+
+
+def serve(path, frames, done):
+    """Accept one connection and keep every frame's body until it closes."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+    conn, _ = srv.accept()
+    buf = b""
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while len(buf) >= 2:
+            (n,) = struct.unpack_from("<H", buf)
+            if len(buf) < 2 + n:
+                break
+            frames.append(buf[2 : 2 + n])
+            buf = buf[2 + n :]
+    done.set()
+
+
+def listen(sock_dir, rank):
+    """(socket path, the frames received so far, an event set when the connection
+    closed) of rank ``rank``'s stand-in agent, once it listens."""
+    path = os.path.join(sock_dir, "rank%d.sock" % rank)
+    frames, closed = [], threading.Event()
+    threading.Thread(target=serve, args=(path, frames, closed), daemon=True).start()
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return path, frames, closed
+
+
+def leave(queue, code):
+    """Flush ``queue`` and the standard streams, then end the process with ``code``."""
+    queue.close()
+    queue.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
