@@ -320,9 +320,10 @@ impl RankState {
             Some((prev, from)) => {
                 // Marks further apart than one step (a program that reports every few
                 // steps, a lost batch) give the mean of the steps between them.
-                let steps = (step - prev).min(MAX_STEPS_PER_MARK) as f32;
+                let steps = step - prev;
                 let period = at_ns - from;
-                if step - prev <= MAX_STEPS_PER_MARK && !self.period_dirty && period > 0 {
+                if steps <= MAX_STEPS_PER_MARK && !self.period_dirty && period > 0 {
+                    let steps = steps as f32;
                     let busy = covered(&mut self.spans, from, at_ns);
                     self.compute.push(ComputeSample {
                         secs: (period - busy).max(0) as f32 / 1e9 / steps,
@@ -342,6 +343,13 @@ impl RankState {
         self.last_mark = Some((step, at_ns));
         self.period_dirty = false;
         self.period_wait_ns = 0;
+    }
+
+    /// A new process for this rank (an in-place restart): its steps start over,
+    /// perhaps from a checkpoint's.
+    fn steps_start_over(&mut self) {
+        self.last_mark = None;
+        self.spans.clear();
     }
 }
 
@@ -369,9 +377,9 @@ impl IterationSource {
 /// checkpoint, a counter that is not the step).
 pub const MAX_STEPS_PER_MARK: u64 = 100;
 
-/// Spans of collectives kept per rank between two step marks; more, and the iteration
-/// is not measured.
-pub const MAX_SPANS: usize = 4096;
+/// Spans of collectives kept per rank between two step marks (16 bytes each); more, and
+/// the iteration is not measured.
+pub const MAX_SPANS: usize = 1024;
 
 /// Nanoseconds of `[from, to)` covered by the union of `spans` (sorted in place).
 fn covered(spans: &mut [(i64, i64)], from: i64, to: i64) -> i64 {
@@ -1153,11 +1161,9 @@ fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestam
     r.node = node;
     r.gpu = info.gpu_index;
     if info.pid != 0 && info.pid != r.pid {
-        // A new process for this rank (a restart) starts a new life, and its steps
-        // start over, perhaps from a checkpoint's.
+        // A new process for this rank (a restart) starts a new life.
         if r.pid != 0 {
-            r.last_mark = None;
-            r.spans.clear();
+            r.steps_start_over();
         }
         if r.pid != 0 && r.exit.is_some() {
             r.exit = None;
@@ -1359,10 +1365,7 @@ fn apply_process(job: &mut JobState, p: &ProcessState, offset: i64, now: Timesta
         }
         if p.pid != 0 {
             if r.pid != 0 && r.pid != p.pid {
-                // A new process for this rank (an in-place restart): its steps start
-                // over, perhaps from a checkpoint's.
-                r.last_mark = None;
-                r.spans.clear();
+                r.steps_start_over();
             }
             r.pid = p.pid;
         }
