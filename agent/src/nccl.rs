@@ -98,6 +98,8 @@ struct Process {
     alive_at_ns: i64,
     /// Its exit was reported.
     exited: bool,
+    /// Stopped (SIGSTOP, a debugger) at the last look.
+    stopped: bool,
 }
 
 impl SegmentTracker {
@@ -291,12 +293,33 @@ fn look_at(
         rank,
         alive_at_ns: 0,
         exited: false,
+        stopped: false,
     });
     if p.exited {
         return (false, false);
     }
-    if state == Liveness::Alive {
+    if matches!(state, Liveness::Alive | Liveness::Stopped) {
+        // A stopped process is alive: it makes no progress, which is what a hang is.
+        // Said while it lasts (a lost batch must not hide it) and once when it ends.
         p.alive_at_ns = now_ns;
+        let stopped = state == Liveness::Stopped;
+        if stopped || p.stopped {
+            if stopped != p.stopped {
+                tracing::warn!(job = %p.job, rank = p.rank, pid, stopped, "nccl: training process stopped or continued");
+            }
+            p.stopped = stopped;
+            progress.process(
+                &p.job,
+                ProcessState {
+                    rank: p.rank,
+                    pid,
+                    at_ns: now_ns,
+                    alive: true,
+                    stopped,
+                    ..ProcessState::default()
+                },
+            );
+        }
         return (true, false);
     }
     p.exited = true;
@@ -693,6 +716,40 @@ mod tests {
             f
         });
         assert_eq!(node.poll(&mut t, &p, 2_000).exits, 1);
+        shm::close(ctx);
+    }
+
+    #[test]
+    fn a_stopped_process_is_alive_and_said_to_be_stopped_until_it_continues() {
+        let node = Node::new();
+        let ctx = node.open(0xac6, Some(2));
+        ctx.start_task(&allreduce(0)).expect("a slot");
+        let (mut t, p) = (node.tracker(), Progress::default());
+        node.poll(&mut t, &p, 1_000);
+        cut(&p);
+        // SIGSTOP: state T. Alive, in flight, stopped: the hang's culprit, not a crash.
+        node.set_stat(|mut f| {
+            f[0] = "T".to_owned();
+            f
+        });
+        for now in [2_000, 3_000] {
+            let stats = node.poll(&mut t, &p, now);
+            assert_eq!((stats.exits, stats.segments), (0, 1));
+            let jobs = cut(&p);
+            let state = &jobs[0].processes[0];
+            assert_eq!((state.rank, state.alive, state.stopped), (2, true, true));
+            assert!(
+                jobs[0].collectives.iter().any(|c| c.in_flight()),
+                "its flight is still reported"
+            );
+        }
+        // SIGCONT: said once, then nothing more about the process.
+        node.set_stat(|f| f);
+        node.poll(&mut t, &p, 4_000);
+        let state = cut(&p)[0].processes[0].clone();
+        assert_eq!((state.alive, state.stopped), (true, false));
+        node.poll(&mut t, &p, 5_000);
+        assert!(cut(&p).iter().all(|j| j.processes.is_empty()));
         shm::close(ctx);
     }
 

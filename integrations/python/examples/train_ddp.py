@@ -1,14 +1,20 @@
-"""A small DDP training job on gloo that reports to Warden, with faults on demand.
+"""A small DDP training job (gloo on CPU, or NCCL on GPUs) that reports to Warden, with
+faults on demand.
 
 Run under torchrun (one launch per node):
 
     WARDEN_JOB=demo WARDEN_AGENT_SOCKET=/run/warden/capture.sock \\
     torchrun --nnodes=1 --nproc-per-node=4 train_ddp.py --steps 200
 
+``--backend nccl`` trains on the GPU ``LOCAL_RANK`` (modulo the GPUs there are), so
+that NCCL's own path runs: with ``NCCL_PROFILER_PLUGIN`` set, Warden's NCCL profiler
+plugin sees the collectives, and ``--no-warden`` leaves them to it alone.
+
 Faults (``--fault``) hit rank ``--fault-rank`` at step ``--fault-step``:
 ``nan`` multiplies that rank's loss by NaN before backward; ``slow`` makes that rank's
 compute take ``--slow-factor`` times as long from that step on; ``raise`` raises an
-exception in user code. SIGSTOP and SIGKILL come from outside (the rank writes its pid
+exception in user code; ``stall`` makes that rank wait forever before the step's
+compute (alive and running, as in a deadlock or a stuck data loader). SIGSTOP and SIGKILL come from outside (the rank writes its pid
 to ``--pid-dir``, and under Slurm its node's name beside it).
 
 With ``--checkpoint-dir`` rank 0 saves a checkpoint every ``--checkpoint-every`` steps in
@@ -21,6 +27,7 @@ import argparse
 import datetime
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -34,7 +41,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--compute-ms", type=float, default=50.0, help="simulated compute per step")
-    p.add_argument("--fault", choices=["none", "nan", "slow", "raise"], default="none")
+    p.add_argument("--fault", choices=["none", "nan", "slow", "raise", "stall"], default="none")
     p.add_argument("--fault-rank", type=int, default=0)
     p.add_argument("--fault-step", type=int, default=0)
     p.add_argument("--slow-factor", type=float, default=1.5)
@@ -50,22 +57,28 @@ def main():
         help="gradient buckets per step (1: one all-reduce a step; N: a deeper model whose "
         "layers DDP reduces one bucket each, as real models with many buckets do)",
     )
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     args = p.parse_args()
 
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout_s))
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.pg_timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     if not args.no_warden:
         warden_torch.init()
     torch.manual_seed(0)
     if args.buckets <= 1:
-        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+        model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
         ddp = nn.parallel.DistributedDataParallel(model)
     else:
         layers = [nn.Linear(32, 64), nn.ReLU()]
         for _ in range(args.buckets - 2):
             layers += [nn.Linear(64, 64), nn.ReLU()]
         layers.append(nn.Linear(64, 1))
-        model = nn.Sequential(*layers)
+        model = nn.Sequential(*layers).to(device)
         # One 64x64 layer is 16.6 kB: a 16 kB cap gives each layer a bucket of its own
         # (from the second step on: DDP reduces one bucket in its first).
         ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=16 / 1024)
@@ -90,10 +103,12 @@ def main():
     started = time.perf_counter()
     loss = None
     for step in range(first, args.steps + 1):
-        x = torch.randn(16, 32, generator=gen)
+        x = torch.randn(16, 32, generator=gen).to(device)
         y = x.sum(dim=1, keepdim=True)
         if args.fault == "slow" and rank == args.fault_rank and step == args.fault_step:
             compute *= args.slow_factor
+        if args.fault == "stall" and rank == args.fault_rank and step == args.fault_step:
+            threading.Event().wait()
         time.sleep(compute)  # the rest of a real model's forward and backward
         loss = nn.functional.mse_loss(ddp(x), y)
         if args.fault == "nan" and rank == args.fault_rank and step == args.fault_step:
