@@ -413,9 +413,13 @@ impl IncidentBook {
             // Ranks that give up waiting for a hung peer (the process group's own
             // timeout fires) or are torn down around it are the hang's victims: their
             // exits are evidence on the hang, which stays open naming the rank that
-            // stopped. A crash of the hang's own culprit is its root cause (below).
+            // stopped. So is a teardown that takes the hung rank down with the others
+            // (the job killed as a whole: a crash naming ranks beside the hang's). A
+            // crash of the hang's own culprits alone is its root cause (below).
             let victims = |inc: &Incident| {
-                !inc.ranks.is_empty() && !intersects(&inc.ranks, &f.ranks) && f.onset >= inc.onset
+                !inc.ranks.is_empty()
+                    && f.onset >= inc.onset
+                    && f.ranks.iter().any(|r| !inc.ranks.contains(r))
             };
             if let Some(i) = self.unresolved_of(IncidentKind::Hang, &f, victims) {
                 self.extra[i].last_refresh = now;
@@ -1001,6 +1005,50 @@ mod tests {
         assert_eq!(inc.kind, IncidentKind::Hang);
         assert_eq!(inc.ranks, vec![5]);
         assert_ne!(inc.state, IncidentState::Resolved);
+        assert!(
+            inc.evidence
+                .iter()
+                .any(|e| e.text.starts_with("consequence (crash)")),
+            "{:#?}",
+            inc.evidence
+        );
+    }
+
+    #[test]
+    fn a_job_torn_down_as_a_whole_after_a_hang_keeps_the_hang_and_its_culprit() {
+        let mut b = IncidentBook::default();
+        fold(
+            &mut b,
+            4.0,
+            vec![finding(
+                IncidentKind::Hang,
+                &[2],
+                "node-01",
+                None,
+                1.0,
+                0.97,
+            )],
+        );
+        // The job is killed as a whole (scheduler, operator): every rank at once, the
+        // hung one among them.
+        fold(
+            &mut b,
+            30.0,
+            vec![finding(
+                IncidentKind::Crash,
+                &[0, 1, 2, 3],
+                "node-00",
+                None,
+                29.0,
+                0.85,
+            )],
+        );
+        assert_eq!(b.all().len(), 1, "{:#?}", b.all());
+        let inc = &b.all()[0];
+        assert_eq!(
+            (inc.kind, inc.ranks.as_slice()),
+            (IncidentKind::Hang, &[2][..])
+        );
         assert!(
             inc.evidence
                 .iter()
