@@ -346,6 +346,7 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 5 ha
         peer_nodes: vec![],
         world_size: Some(8),
         held,
+        first_failed: vec![],
     };
     let diagnoser = |url: String| {
         let config = DiagnosisConfig {

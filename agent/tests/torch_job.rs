@@ -482,8 +482,22 @@ fn a_real_gloo_job_is_caught_in_the_act() {
         assert_eq!(nodes(&i), ["node-00"], "{i}");
         let latency = field(&i, "detected_s").as_f64().unwrap_or(f64::MAX) - t0;
         assert!(latency < 5.0, "{latency} s");
+        // The diagnosis names the rank that died first, not the peers whose lines say
+        // they lost it ("Connection reset by peer" in gloo).
+        let diagnosed = poll(PATIENCE * 2, || {
+            cluster
+                .incidents(&job.name)
+                .into_iter()
+                .find(|i| i["diagnosis"].is_object())
+        });
+        let diagnosed = diagnosed
+            .unwrap_or_else(|| panic!("the crash was never diagnosed\n{}", cluster.state()));
+        let d = &diagnosed["diagnosis"];
+        assert_eq!(d["ranks"], serde_json::json!([2]), "{d}");
+        assert_ne!(d["category"], "user_code_error", "{d}");
         report.push(format!(
-            "crash: rank 2 node-00 detected {latency:.2} s after kill -9"
+            "crash: rank 2 node-00 detected {latency:.2} s after kill -9; diagnosis {} naming rank 2",
+            d["category"]
         ));
     }
 

@@ -401,13 +401,12 @@ impl Diagnoser {
     ) -> IncidentDiagnosis {
         let gathered = self.gather(req, metrics).await;
         let rules = self.rules.clone();
-        let world_size = req.world_size;
         let onset_ms = Some(req.onset.nanos().div_euclid(1_000_000));
-        let suspect = req.culprit_nodes.first().cloned();
+        let opts = pipeline_options(req, onset_ms);
         let lines = Arc::new(gathered.lines);
         let for_rules = lines.clone();
         let answer = tokio::task::spawn_blocking(move || {
-            diagnose_lines(&rules, &for_rules, world_size, onset_ms, suspect.as_deref())
+            warden_diagnosis::diagnose_lines(&rules, &for_rules, &opts)
         })
         .await
         .unwrap_or_else(|e| {
@@ -512,23 +511,17 @@ impl Diagnoser {
     }
 }
 
-/// The deterministic answer for `lines`: rules, template mining and the watchdog
-/// analysis (pure; the controller's and the demo's common path). `suspect_node` (the
-/// detectors' culprit node) only ranks the evidence; it never becomes the culprit.
-pub fn diagnose_lines(
-    rules: &RuleSet,
-    lines: &[LogLine],
-    world_size: Option<u32>,
-    onset_at_ms: Option<i64>,
-    suspect_node: Option<&str>,
-) -> Diagnosis {
-    let opts = PipelineOptions {
-        world_size,
+/// The pipeline's options for `req`: what the controller knows beyond the lines (the
+/// world size, the onset, the detectors' culprit node, which only ranks the evidence
+/// and never becomes the culprit, and a crash's first deaths).
+pub fn pipeline_options(req: &DiagnosisRequest, onset_at_ms: Option<i64>) -> PipelineOptions {
+    PipelineOptions {
+        world_size: req.world_size,
         onset_at_ms,
-        suspect_node: suspect_node.map(str::to_owned),
+        suspect_node: req.culprit_nodes.first().cloned(),
+        first_failed: req.first_failed.clone(),
         ..PipelineOptions::default()
-    };
-    warden_diagnosis::diagnose_lines(rules, lines, &opts)
+    }
 }
 
 /// Diagnose from the lines the controller already holds, without pulling anything
@@ -546,8 +539,7 @@ pub fn diagnose_held(rules: &RuleSet, req: &DiagnosisRequest) -> IncidentDiagnos
             text: h.text.clone(),
         })
         .collect();
-    let suspect = req.culprit_nodes.first().map(String::as_str);
-    let answer = diagnose_lines(rules, &lines, req.world_size, None, suspect);
+    let answer = warden_diagnosis::diagnose_lines(rules, &lines, &pipeline_options(req, None));
     to_incident_diagnosis(&answer, &lines, Vec::new())
 }
 

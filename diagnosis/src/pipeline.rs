@@ -66,6 +66,11 @@ pub struct PipelineOptions {
     pub suspect_node: Option<String>,
     /// Evidence lines in the answer at most. Default [`DEFAULT_MAX_EVIDENCE`].
     pub max_evidence: usize,
+    /// Ranks whose processes are known to have failed first (a crash detector's first
+    /// deaths, from the exits). When no line names a culprit (the others only report
+    /// losing a peer, which no rule blames), these are the culprit's ranks; when the
+    /// lines name other ranks, the explanation says so. Empty: nothing known.
+    pub first_failed: Vec<u32>,
 }
 
 impl Default for PipelineOptions {
@@ -76,6 +81,7 @@ impl Default for PipelineOptions {
             onset_line: None,
             suspect_node: None,
             max_evidence: DEFAULT_MAX_EVIDENCE,
+            first_failed: Vec::new(),
         }
     }
 }
@@ -217,6 +223,31 @@ impl<'r> Pipeline<'r> {
                 notes.push(format!(
                     "Watchdog analysis: {}{lines_said}{aside}.",
                     lag.explanation
+                ));
+            }
+        }
+
+        if !self.opts.first_failed.is_empty() {
+            let first = &self.opts.first_failed;
+            let named = first
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            if d.culprit.ranks.is_empty() {
+                d.culprit.ranks = first.iter().copied().take(MAX_CULPRIT_RANKS).collect();
+                d.culprit.text = with_ranks(&d.culprit.ranks, &d.culprit.text);
+                d.explanation = d.explanation.replace(
+                    ". The lines name no culprit",
+                    ". The rule lines name no culprit",
+                );
+                notes.push(format!(
+                    "Rank {named} failed first (process exits); the culprit's rank comes from \
+                     the exits, the others' lines are what they saw of it."
+                ));
+            } else if !d.culprit.ranks.iter().any(|r| first.contains(r)) {
+                notes.push(format!(
+                    "Rank {named} failed first (process exits), before the rank(s) the lines name."
                 ));
             }
         }
@@ -624,6 +655,52 @@ mod tests {
             Pipeline::new(&rules, PipelineOptions::default())
                 .miner
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn a_crash_names_the_rank_that_died_first_not_the_peers_that_lost_it() {
+        // Rank 3 was killed (no line of its own); ranks 0 and 2 fail in gloo when their
+        // connection to it breaks, with a Python exception on each.
+        let gloo = |rank: u32, port: u32| {
+            format!(
+                "[rank{rank}]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:{port}: Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application. Check the logs of the remote worker before reporting an error."
+            )
+        };
+        let lines: Vec<LogLine> = [(0, 13696), (2, 6284)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(rank, port))| LogLine {
+                id: i as u64,
+                node: Some(if rank < 2 { "node-a" } else { "node-b" }.to_owned()),
+                rank: Some(rank),
+                at_ms: None,
+                text: gloo(rank, port),
+            })
+            .collect();
+        let rules = rules();
+        let without = diagnose_lines(&rules, &lines, &PipelineOptions::default());
+        assert_ne!(
+            without.category,
+            Some(Category::UserCodeError),
+            "{without:#?}"
+        );
+        assert!(without.culprit.ranks.is_empty(), "{without:#?}");
+        let opts = PipelineOptions {
+            world_size: Some(4),
+            first_failed: vec![3],
+            ..PipelineOptions::default()
+        };
+        let d = diagnose_lines(&rules, &lines, &opts);
+        assert_eq!(d.culprit.ranks, vec![3], "{d:#?}");
+        assert!(
+            d.explanation.contains("Rank 3 failed first"),
+            "{}",
+            d.explanation
+        );
+        assert!(
+            d.rule_ids.iter().any(|r| r == "network.gloo_peer_lost"),
+            "{d:#?}"
         );
     }
 

@@ -328,6 +328,11 @@ impl Engine {
             peer_nodes: Vec::new(),
             world_size: None,
             held: Vec::new(),
+            first_failed: if inc.kind == IncidentKind::Crash {
+                inc.ranks.clone()
+            } else {
+                Vec::new()
+            },
         };
         for g in &inc.gpus {
             if !req.culprit_nodes.contains(&g.node) {
@@ -467,6 +472,9 @@ pub struct DiagnosisRequest {
     /// Error lines the agents already shipped, by rank (used for nodes whose agent
     /// cannot be reached).
     pub held: Vec<HeldLine>,
+    /// For a crash: the ranks that failed first (its culprits, from the exits). The
+    /// others' lines often only say they lost a peer.
+    pub first_failed: Vec<u32>,
 }
 
 /// An error line the controller holds from a shipped batch, or the kernel-log line of
