@@ -405,6 +405,27 @@ fn every_operation_of_real_training_code_is_reported_once() {
     }
 }
 
+/// A device work (NCCL) is reported as ended when it ran on the GPU, not when its
+/// future completed at enqueue (`integrations/python/tests/check_device_work.py`: a
+/// stand-in work of that shape; no GPU needed).
+#[test]
+fn a_device_work_ends_when_it_ran_not_when_it_was_enqueued() {
+    let Some((py, _turn)) = torch_turn() else {
+        return;
+    };
+    let out = Command::new(&py)
+        .arg(repo().join("integrations/python/tests/check_device_work.py"))
+        .output()
+        .expect("run check_device_work.py");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("device work check: passed"), "{text}");
+}
+
 #[test]
 fn a_real_gloo_job_is_caught_in_the_act() {
     let Some((py, _turn)) = torch_turn() else {

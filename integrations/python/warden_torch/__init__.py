@@ -3,7 +3,8 @@
 Call ``warden_torch.init()`` once in each training process, after
 ``torch.distributed.init_process_group``, and ``warden_torch.step(n, loss=..., grad_norm=...)``
 once per step. From then on every operation of every process group is reported when it
-starts and when it completes on this rank: collectives (all-reduce, all-gather,
+starts and when it completes on this rank (for NCCL, when it ran on the GPU, not when
+it was enqueued): collectives (all-reduce, all-gather,
 reduce-scatter in all their spellings, all-to-all, broadcast, reduce, gather, scatter,
 barrier, the coalesced forms) and point-to-point sends and receives, with their peer,
 for gloo and NCCL alike. Where ``ProcessGroup`` has pre- and post-hooks (torch 2.15),
@@ -84,6 +85,9 @@ class _State:
         self.hooked = set()
         self.unwaited = {}
         self.wait_patched = False
+        self.device_works = []
+        self.device_cv = threading.Condition()
+        self.device_thread = None
         self.mode = None
         self.sent = 0
         self.dropped = 0
@@ -337,13 +341,62 @@ def _finish(st, work, key):
         return None
 
     try:
-        work.get_future().then(done)
+        fut = work.get_future()
+        if fut.done() and not work.is_completed():
+            # A device work (NCCL): its future completes when the work is enqueued on
+            # the stream, not when it ran; the work itself says when it did.
+            _watch_device(st, work, c, seq)
+        else:
+            fut.then(done)
         return
     except Exception:
         pass
     _watch_wait(st)
     if len(st.unwaited) < _MAX_UNWAITED:
         st.unwaited[id(work)] = (work, c, seq)
+
+
+# How often enqueued device works are asked whether they ran.
+_DEVICE_POLL_S = 0.02
+
+
+def _watch_device(st, work, c, seq):
+    """Report the end of a device work when ``work.is_completed()`` (which queries its
+    CUDA events without blocking) says it ran, from a thread of our own."""
+    with st.device_cv:
+        if len(st.device_works) >= _MAX_UNWAITED:
+            return
+        st.device_works.append((work, c, seq))
+        if st.device_thread is None:
+            t = threading.Thread(target=_device_loop, args=(st,), name="warden-torch-device", daemon=True)
+            st.device_thread = t
+            t.start()
+        st.device_cv.notify()
+
+
+def _device_loop(st):
+    while not st.exited:
+        with st.device_cv:
+            while not st.device_works and not st.exited:
+                st.device_cv.wait(1.0)
+            pending = st.device_works
+            st.device_works = []
+        keep = []
+        for entry in pending:
+            work, c, seq = entry
+            try:
+                ran = work.is_completed()
+            except Exception:
+                continue  # failed or gone: it did not complete
+            if ran:
+                if not st.exited:
+                    st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
+            else:
+                keep.append(entry)
+        if keep:
+            with st.device_cv:
+                st.device_works[:0] = keep
+            time.sleep(_DEVICE_POLL_S)
 
 
 def _watch_wait(st):
@@ -680,6 +733,8 @@ def shutdown(code=0, message=""):
         return
     try:
         st.exited = True
+        with st.device_cv:
+            st.device_cv.notify_all()
         st._send(_wire.exit_(st.pid, st.rank, int(code), time.time_ns(), message))
         for obj, name, orig in reversed(st.patched):
             if orig is None:
