@@ -283,6 +283,50 @@ impl Liveness {
     }
 }
 
+/// A live training process as one look found it.
+#[derive(Debug, Clone, Copy)]
+pub struct LiveProcess<'a> {
+    /// Its job.
+    pub job: &'a str,
+    /// Its global rank.
+    pub rank: u32,
+    /// Its pid.
+    pub pid: u32,
+    /// When it was looked at (agent clock, ns).
+    pub now_ns: i64,
+}
+
+/// Tell the controller a live process is stopped (SIGSTOP, a debugger): in every look
+/// while it lasts (a lost batch must not hide it) and once when it continues.
+/// `was_stopped` is what the last look found; it is updated.
+pub fn report_stopped(
+    progress: &Progress,
+    seen: LiveProcess<'_>,
+    state: Liveness,
+    was_stopped: &mut bool,
+) {
+    let stopped = state == Liveness::Stopped;
+    if !stopped && !*was_stopped {
+        return;
+    }
+    if stopped != *was_stopped {
+        tracing::warn!(job = %seen.job, rank = seen.rank, pid = seen.pid, stopped, "training process stopped or continued");
+    }
+    *was_stopped = stopped;
+    progress.process(
+        seen.job,
+        ProcessState {
+            rank: seen.rank,
+            pid: seen.pid,
+            at_ns: seen.now_ns,
+            alive: true,
+            exit_code: None,
+            signal: None,
+            stopped,
+        },
+    );
+}
+
 /// Look a pid up in `proc_root` (normally `/proc`).
 pub fn liveness(proc_root: &Path, pid: u32) -> Liveness {
     let stat = match std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) {
@@ -601,27 +645,13 @@ impl Capture {
             match state {
                 Liveness::Alive | Liveness::Stopped => {
                     m.alive_at_ns = now_ns;
-                    let stopped = state == Liveness::Stopped;
-                    // Said while it lasts (a lost batch must not hide it) and once
-                    // when it ends.
-                    if stopped || m.stopped {
-                        if stopped != m.stopped {
-                            tracing::warn!(job = %m.job, rank = m.rank, pid, stopped, "training process stopped or continued");
-                        }
-                        m.stopped = stopped;
-                        self.progress.process(
-                            &m.job,
-                            ProcessState {
-                                rank: m.rank,
-                                pid,
-                                at_ns: now_ns,
-                                alive: true,
-                                exit_code: None,
-                                signal: None,
-                                stopped,
-                            },
-                        );
-                    }
+                    let seen = LiveProcess {
+                        job: &m.job,
+                        rank: m.rank,
+                        pid,
+                        now_ns,
+                    };
+                    report_stopped(&self.progress, seen, state, &mut m.stopped);
                 }
                 _ => gone.push((pid, state)),
             }

@@ -38,7 +38,7 @@ use std::time::Duration;
 use warden_model::wire::{CollectiveEvent, CommInfo, ProcessState, RankInfo};
 use warden_nccl_profiler::segment::{self, Event, Kind, Phase, SegmentError, Snapshot};
 
-use crate::capture::{Liveness, liveness};
+use crate::capture::{LiveProcess, Liveness, liveness, report_stopped};
 use crate::progress::Progress;
 
 /// How often the agent should call [`poll_segments`].
@@ -300,26 +300,14 @@ fn look_at(
     }
     if matches!(state, Liveness::Alive | Liveness::Stopped) {
         // A stopped process is alive: it makes no progress, which is what a hang is.
-        // Said while it lasts (a lost batch must not hide it) and once when it ends.
         p.alive_at_ns = now_ns;
-        let stopped = state == Liveness::Stopped;
-        if stopped || p.stopped {
-            if stopped != p.stopped {
-                tracing::warn!(job = %p.job, rank = p.rank, pid, stopped, "nccl: training process stopped or continued");
-            }
-            p.stopped = stopped;
-            progress.process(
-                &p.job,
-                ProcessState {
-                    rank: p.rank,
-                    pid,
-                    at_ns: now_ns,
-                    alive: true,
-                    stopped,
-                    ..ProcessState::default()
-                },
-            );
-        }
+        let seen = LiveProcess {
+            job: &p.job,
+            rank: p.rank,
+            pid,
+            now_ns,
+        };
+        report_stopped(progress, seen, state, &mut p.stopped);
         return (true, false);
     }
     p.exited = true;
