@@ -354,6 +354,25 @@ fn torch_turn() -> Option<(PathBuf, std::sync::MutexGuard<'static, ()>)> {
     Some((py, turn))
 }
 
+/// Run `integrations/python/tests/<script> <args>` with `py` (gloo on loopback, one
+/// thread) and assert that it exits 0 and says `passed` in its output.
+fn run_check(py: &Path, script: &str, args: &[&str], passed: &str) {
+    let out = Command::new(py)
+        .arg(repo().join("integrations/python/tests").join(script))
+        .args(args)
+        .env("GLOO_SOCKET_IFNAME", "lo")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{script} {args:?}: {text}");
+    assert!(text.contains(passed), "{script} {args:?}: {text}");
+}
+
 /// `warden_torch`'s DDP hook gives the gradients of DDP's built-in all-reduce and reports
 /// every gradient all-reduce once, start and end, on two gloo ranks
 /// (`integrations/python/tests/check_ddp_hook.py`).
@@ -362,19 +381,7 @@ fn the_ddp_hook_matches_the_built_in_all_reduce_and_reports_each() {
     let Some((py, _turn)) = torch_turn() else {
         return;
     };
-    let out = Command::new(&py)
-        .arg(repo().join("integrations/python/tests/check_ddp_hook.py"))
-        .env("GLOO_SOCKET_IFNAME", "lo")
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .expect("run check_ddp_hook.py");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("every all-reduce reported"), "{text}");
+    run_check(&py, "check_ddp_hook.py", &[], "every all-reduce reported");
 }
 
 /// Every operation real training code issues (each collective in each spelling,
@@ -388,20 +395,7 @@ fn every_operation_of_real_training_code_is_reported_once() {
         return;
     };
     for mode in ["hooks", "methods"] {
-        let out = Command::new(&py)
-            .arg(repo().join("integrations/python/tests/check_capture.py"))
-            .arg(mode)
-            .env("GLOO_SOCKET_IFNAME", "lo")
-            .env("OMP_NUM_THREADS", "1")
-            .output()
-            .expect("run check_capture.py");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "{mode}: {text}");
-        assert!(text.contains("every operation reported"), "{mode}: {text}");
+        run_check(&py, "check_capture.py", &[mode], "every operation reported");
     }
 }
 
@@ -413,17 +407,12 @@ fn a_device_work_ends_when_it_ran_not_when_it_was_enqueued() {
     let Some((py, _turn)) = torch_turn() else {
         return;
     };
-    let out = Command::new(&py)
-        .arg(repo().join("integrations/python/tests/check_device_work.py"))
-        .output()
-        .expect("run check_device_work.py");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_check(
+        &py,
+        "check_device_work.py",
+        &[],
+        "device work check: passed",
     );
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("device work check: passed"), "{text}");
 }
 
 #[test]
