@@ -13,7 +13,9 @@ use warden_model::wire::{
     CollectiveEvent, CommInfo, JobSignals, LogRecord, ProcessState, RankInfo, TrainingMetric,
 };
 
-use crate::ship::Pending;
+use tokio::sync::Notify;
+
+use crate::ship::{Pending, urgent_metric, urgent_process};
 
 /// How often registrations are re-sent, ns.
 pub const REGISTRATION_EVERY_NS: i64 = 10_000_000_000;
@@ -36,6 +38,8 @@ pub struct Progress(Arc<Mutex<Book>>);
 struct Book {
     jobs: BTreeMap<String, JobBook>,
     dropped: u64,
+    /// Wakes the shipper for a record detection needs at once (`ship::URGENT_GAP`).
+    wake: Arc<Notify>,
 }
 
 #[derive(Debug, Default)]
@@ -165,7 +169,17 @@ impl Progress {
             book.dropped += 1;
             return;
         }
+        let urgent = urgent_metric(&m);
         j.metrics.push(m);
+        if urgent {
+            book.wake.notify_one();
+        }
+    }
+
+    /// What wakes the shipper when a record detection needs at once arrives: a
+    /// non-finite metric, an exit or a stop.
+    pub fn waker(&self) -> Arc<Notify> {
+        Arc::clone(&self.lock().wake)
     }
 
     /// A line a rank said about itself (its last exception, say).
@@ -195,7 +209,11 @@ impl Progress {
                 j.comms.retain(|&(_, rank), _| rank != p.rank);
             }
         }
+        let urgent = urgent_process(&p);
         j.processes.push(p);
+        if urgent {
+            book.wake.notify_one();
+        }
     }
 
     /// Records dropped to stay within the bounds, since start.

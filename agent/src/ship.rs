@@ -2,7 +2,9 @@
 //! interval the [`Shipper`] seals them into a wire batch, keeps sealed batches in a
 //! bounded [`Outbox`] while the controller is unreachable (the oldest is dropped and
 //! counted when it is full), delivers them oldest first with jittered exponential
-//! backoff, and sends a heartbeat when it has nothing else to say.
+//! backoff, and sends a heartbeat when it has nothing else to say. A record detection
+//! needs at once (a non-finite loss or gradient norm, a process that exited or stopped)
+//! wakes the shipper before the interval is over, at most once per [`URGENT_GAP`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -17,10 +19,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use warden_model::wire::{
-    Batch, GpuSample, Heartbeat, JobSignals, LogRecord, NodeEvent, TrainingMetric, frame_sealed,
+    Batch, GpuSample, Heartbeat, JobSignals, LogRecord, NodeEvent, ProcessState, TrainingMetric,
+    frame_sealed,
 };
 
 use crate::config::ShipConfig;
@@ -35,6 +38,25 @@ pub struct Pending {
     records: usize,
     /// Records refused because the pending set was full (the shipper is far behind).
     pub dropped: u64,
+    /// Wakes the shipper early for an urgent record.
+    wake: Arc<Notify>,
+}
+
+/// The shortest time between two flushes when urgent records wake the shipper (a job
+/// whose every rank reports a NaN each step flushes this often, not once per record).
+pub const URGENT_GAP: Duration = Duration::from_millis(50);
+
+/// A record detection needs at once: a non-finite loss or gradient norm.
+pub(crate) fn urgent_metric(m: &TrainingMetric) -> bool {
+    [m.loss, m.grad_norm]
+        .into_iter()
+        .flatten()
+        .any(|v| !v.is_finite())
+}
+
+/// A process that exited or stopped: a crash or a hang's culprit.
+pub(crate) fn urgent_process(p: &ProcessState) -> bool {
+    !p.alive || p.stopped
 }
 
 /// Most records waiting for one batch; more are dropped and counted.
@@ -81,8 +103,16 @@ impl Pending {
     /// Add a training metric of `job`.
     pub fn metric(&mut self, job: &str, m: TrainingMetric) {
         if self.room(1) {
+            if urgent_metric(&m) {
+                self.wake.notify_one();
+            }
             self.job(job).metrics.push(m);
         }
+    }
+
+    /// What wakes the shipper when an urgent record arrives.
+    pub fn waker(&self) -> Arc<Notify> {
+        Arc::clone(&self.wake)
     }
 
     /// Add everything in `sig` to its job's signals; records beyond the bound are
@@ -108,6 +138,11 @@ impl Pending {
         let room: Vec<bool> = parts.iter().map(|&n| n == 0 || self.room(n)).collect();
         if parts.iter().all(|&n| n == 0) {
             return;
+        }
+        if (room[2] && processes.iter().any(urgent_process))
+            || (room[3] && metrics.iter().any(urgent_metric))
+        {
+            self.wake.notify_one();
         }
         fn keep<T>(ok: bool, from: Vec<T>, into: &mut Vec<T>) {
             if ok {
@@ -657,14 +692,30 @@ impl<T: Transport> Shipper<T> {
         }
     }
 
-    /// Seal and deliver once per flush interval until `shutdown` turns true; then
+    /// Seal and deliver once per flush interval, and soon after an urgent record
+    /// arrives (at most once per [`URGENT_GAP`]), until `shutdown` turns true; then
     /// seal what is left and make one last delivery attempt.
     pub async fn run(mut self, pending: SharedPending, mut shutdown: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(self.cfg.flush_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let wake = lock(&pending).waker();
+        let progress_wake = self.progress.as_ref().map(|p| p.waker());
+        let progress_woken = || async {
+            match &progress_wake {
+                Some(w) => w.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut sealed_at = Instant::now();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
+                _ = wake.notified() => {
+                    tokio::time::sleep_until(sealed_at + URGENT_GAP).await;
+                }
+                _ = progress_woken() => {
+                    tokio::time::sleep_until(sealed_at + URGENT_GAP).await;
+                }
                 _ = shutdown.changed() => {
                     self.seal(&pending);
                     self.next_attempt = Instant::now();
@@ -673,6 +724,7 @@ impl<T: Transport> Shipper<T> {
                 }
             }
             self.seal(&pending);
+            sealed_at = Instant::now();
             self.deliver().await;
         }
     }
@@ -784,6 +836,130 @@ mod tests {
         assert!(hb.failed_batches > 0);
         // Stamped at send time, not at seal time.
         assert!(last.sent_at_ns > 0);
+    }
+
+    /// Batches delivered by `run` under a 10 s flush interval, `at` after a record
+    /// added once the first batch went out.
+    async fn delivered_after(add: impl FnOnce(&mut Pending), at: Duration) -> Vec<Batch> {
+        let fake = Fake::default();
+        let cfg = ShipConfig {
+            flush_interval: Duration::from_secs(10),
+            ..ShipConfig::default()
+        };
+        let sh = Shipper::new(cfg, fake.clone(), id());
+        let pending = SharedPending::default();
+        let (_stop, shutdown) = watch::channel(false);
+        let run = tokio::spawn(sh.run(Arc::clone(&pending), shutdown));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        add(&mut lock(&pending));
+        tokio::time::sleep(at).await;
+        run.abort();
+        fake.got.lock().expect("lock").clone()
+    }
+
+    fn metric(loss: f64) -> TrainingMetric {
+        TrainingMetric {
+            rank: 3,
+            step: 20,
+            loss: Some(loss),
+            ..TrainingMetric::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_nan_is_shipped_at_once_not_at_the_next_flush() {
+        let got = delivered_after(|p| p.metric("j", metric(f64::NAN)), URGENT_GAP * 2).await;
+        let nan: Vec<&Batch> = got.iter().filter(|b| !b.jobs.is_empty()).collect();
+        assert_eq!(nan.len(), 1, "{got:?}");
+        assert!(nan[0].jobs[0].metrics[0].loss.is_some_and(f64::is_nan));
+
+        // A finite loss waits for the flush interval.
+        let got = delivered_after(|p| p.metric("j", metric(0.5)), Duration::from_secs(5)).await;
+        assert!(got.iter().all(|b| b.jobs.is_empty()), "{got:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_exit_or_a_stop_is_shipped_at_once() {
+        for (alive, stopped) in [(false, false), (true, true)] {
+            let sig = JobSignals {
+                job: "j".into(),
+                processes: vec![ProcessState {
+                    rank: 2,
+                    pid: 7,
+                    alive,
+                    stopped,
+                    ..ProcessState::default()
+                }],
+                ..JobSignals::default()
+            };
+            let got = delivered_after(|p| p.job_signals(sig), URGENT_GAP * 2).await;
+            assert!(
+                got.iter().any(|b| !b.jobs.is_empty()),
+                "alive {alive} stopped {stopped}: {got:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_nan_or_an_exit_from_the_capture_path_is_shipped_at_once() {
+        for urgent in [true, false] {
+            let fake = Fake::default();
+            let cfg = ShipConfig {
+                flush_interval: Duration::from_secs(10),
+                ..ShipConfig::default()
+            };
+            let progress = crate::progress::Progress::default();
+            let sh = Shipper::new(cfg, fake.clone(), id()).with_progress(progress.clone());
+            let (_stop, shutdown) = watch::channel(false);
+            let run = tokio::spawn(sh.run(SharedPending::default(), shutdown));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let loss = if urgent { f64::NAN } else { 0.5 };
+            progress.metric("j", metric(loss));
+            progress.process(
+                "j",
+                ProcessState {
+                    rank: 1,
+                    alive: !urgent,
+                    ..ProcessState::default()
+                },
+            );
+            tokio::time::sleep(URGENT_GAP * 2).await;
+            run.abort();
+            let got = fake.got.lock().expect("lock");
+            let shipped = got.iter().any(|b| !b.jobs.is_empty());
+            assert_eq!(shipped, urgent, "urgent {urgent}: {got:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn urgent_records_flush_at_most_once_per_gap() {
+        let fake = Fake::default();
+        let cfg = ShipConfig {
+            flush_interval: Duration::from_secs(10),
+            ..ShipConfig::default()
+        };
+        let sh = Shipper::new(cfg, fake.clone(), id());
+        let pending = SharedPending::default();
+        let (_stop, shutdown) = watch::channel(false);
+        let run = tokio::spawn(sh.run(Arc::clone(&pending), shutdown));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // A NaN every millisecond for a second: about one flush per gap, not 1,000.
+        for _ in 0..1000 {
+            lock(&pending).metric("j", metric(f64::NAN));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(URGENT_GAP * 2).await;
+        run.abort();
+        let got = fake.got.lock().expect("lock");
+        let flushes = got.iter().filter(|b| !b.jobs.is_empty()).count();
+        let most = (Duration::from_secs(1).as_millis() / URGENT_GAP.as_millis()) as usize + 2;
+        assert!((2..=most).contains(&flushes), "{flushes} flushes");
+        let shipped: usize = got
+            .iter()
+            .flat_map(|b| &b.jobs)
+            .map(|j| j.metrics.len())
+            .sum();
+        assert_eq!(shipped, 1000, "every NaN shipped");
     }
 
     #[tokio::test(start_paused = true)]
