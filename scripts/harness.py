@@ -1,0 +1,258 @@
+"""The harness the real-job scripts share (scripts/gpu-check, scripts/job-matrix): a
+controller and two node agents on this machine, and torchrun jobs of
+integrations/python/examples/train_ddp.py reporting to them.
+
+`args` is the scripts' parsed command line: `bin` (the folder with warden-controller and
+warden-agent), `out` (logs), `backend` (gloo or nccl), `python` (the Python with torch)
+and, optionally, `launch`: "rank" (one torchrun per rank, each its own NCCL host; the
+default) or "node" (one torchrun per node with its ranks, as a cluster runs a job), and
+`flush_ms`: the agents' flush interval (default 100 ms; None for the agent's default).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(REPO, "integrations/python/examples/train_ddp.py")
+NODES = ["node-a", "node-b"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port, path, timeout=2.0):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=timeout) as r:
+            return r.read().decode()
+    except Exception:
+        return None
+
+
+def get_json(port, path):
+    body = get(port, path)
+    try:
+        return json.loads(body) if body is not None else None
+    except ValueError:
+        return None
+
+
+DEADLINE = [float("inf")]
+
+
+def wait_for(what, limit, probe, every=0.1):
+    """`probe()`'s first truthy value within `limit` seconds (and before the run's
+    deadline), else None."""
+    end = min(time.monotonic() + limit, DEADLINE[0])
+    while time.monotonic() < end:
+        v = probe()
+        if v:
+            return v
+        time.sleep(every)
+    print("harness: gave up waiting for %s after %.0f s" % (what, limit), flush=True)
+    return None
+
+
+class Procs:
+    """Every process started, stopped (and continued, then killed) at the end."""
+
+    def __init__(self):
+        self.children = []
+        self.jobs = []
+
+    def start(self, args, log, env=None, group=False):
+        f = open(log, "ab")
+        p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=group)
+        self.children.append((p, group))
+        return p
+
+    def stop(self, p, group):
+        if p.poll() is not None:
+            return
+        try:
+            if group:
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                p.kill()
+        except ProcessLookupError:
+            pass
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self):
+        for job in self.jobs:
+            job.stop()
+        for p, group in reversed(self.children):
+            self.stop(p, group)
+
+
+class Cluster:
+    def __init__(self, args, procs):
+        self.args = args
+        self.procs = procs
+        self.out = args.out
+        self.port = free_port()
+        self.agents = {}
+        procs.start(
+            [os.path.join(args.bin, "warden-controller"), "--listen", "127.0.0.1:%d" % self.port,
+             "--data-dir", os.path.join(self.out, "controller-data")],
+            os.path.join(self.out, "controller.log"),
+            env=dict(os.environ, RUST_LOG="warn"),
+        )
+        if not wait_for("the controller", 30, lambda: get(self.port, "/healthz")):
+            raise SystemExit("harness: the controller did not start (controller.log)")
+        # The agents' flush interval: `flush_ms` (ms), or the agent's default when None.
+        flush_ms = getattr(args, "flush_ms", 100)
+        flush = "  flush_interval_ms: %d\n" % flush_ms if flush_ms is not None else ""
+        for node in NODES:
+            d = os.path.join(self.out, node)
+            os.makedirs(os.path.join(d, "shm"), exist_ok=True)
+            open(os.path.join(d, "kern.log"), "w").close()
+            with open(os.path.join(d, "boot_id"), "w") as f:
+                f.write("boot-%s\n" % node)
+            port = free_port()
+            cfg = os.path.join(d, "agent.yaml")
+            with open(cfg, "w") as f:
+                f.write(
+                    "node_name: %s\nlisten: 127.0.0.1:%d\n"
+                    "controller:\n  url: http://127.0.0.1:%d\n%s"
+                    "nvml:\n  enabled: %s\n  interval_ms: 1000\n"
+                    "kmsg:\n  path: %s\n  boot_id_path: %s\n"
+                    "capture:\n  socket: %s\n  shm_dir: %s\n"
+                    % (node, port, self.port, flush, "true" if args.backend == "nccl" else "false",
+                       os.path.join(d, "kern.log"), os.path.join(d, "boot_id"),
+                       os.path.join(d, "capture.sock"), os.path.join(d, "shm"))
+                )
+            procs.start([os.path.join(args.bin, "warden-agent"), "--config", cfg],
+                        os.path.join(self.out, "agent-%s.log" % node))
+            self.agents[node] = port
+        for node, port in self.agents.items():
+            if not wait_for("agent " + node, 30, lambda: get(port, "/healthz")):
+                raise SystemExit("harness: agent %s did not start (agent-%s.log)" % (node, node))
+
+    def incidents(self, job):
+        return get_json(self.port, "/api/v1/incidents?job=" + job) or []
+
+
+class Job:
+    """One torchrun launch per rank (each its own NCCL host); ranks split over the two
+    nodes, the first half on node-a."""
+
+    def __init__(self, cluster, name, ranks, train_args, plugin, extra_env=None):
+        self.cluster = cluster
+        self.name = name
+        self.work = os.path.join(cluster.out, name)
+        os.makedirs(self.work, exist_ok=True)
+        master = str(free_port())
+        self.launches = []
+        cluster.procs.jobs.append(self)
+        a = cluster.args
+        per_node = getattr(a, "launch", "rank") == "node"
+        self.ranks = ranks
+        for r in range(2 if per_node else ranks):
+            node = NODES[r] if per_node else NODES[0] if r < ranks // 2 else NODES[1]
+            d = os.path.join(cluster.out, node)
+            env = dict(os.environ)
+            env.update({
+                "WARDEN_JOB": name,
+                "WARDEN_AGENT_SOCKET": os.path.join(d, "capture.sock"),
+                "WARDEN_SHM_DIR": os.path.join(d, "shm"),
+                "PYTHONPATH": os.path.join(REPO, "integrations/python"),
+                "PYTHONUNBUFFERED": "1",
+                "OMP_NUM_THREADS": "1",
+                "GLOO_SOCKET_IFNAME": "lo",
+                "NCCL_SOCKET_IFNAME": "lo",
+                "NCCL_HOSTID": "%s-rank%d" % (name, r),
+                "NCCL_DEBUG": "INFO",
+                "NCCL_DEBUG_SUBSYS": "INIT,ENV,NET",
+            })
+            if plugin:
+                env["NCCL_PROFILER_PLUGIN"] = os.path.join(a.bin, "libwarden_nccl_profiler.so")
+            env.update(extra_env or {})
+            if per_node:
+                env.pop("NCCL_HOSTID")
+            cmd = [a.python, "-m", "torch.distributed.run", "--nnodes=%d" % (2 if per_node else ranks),
+                   "--node-rank=%d" % r, "--nproc-per-node=%d" % (ranks // 2 if per_node else 1),
+                   "--master-addr=127.0.0.1",
+                   "--master-port=" + master, "--monitor-interval=0.1", TRAIN,
+                   "--backend", a.backend, "--pid-dir", self.work] + train_args
+            log = ("%s.log" % node) if per_node else ("rank%d.log" % r)
+            p = cluster.procs.start(cmd, os.path.join(self.work, log), env=env, group=True)
+            self.launches.append(p)
+
+    def step(self):
+        try:
+            with open(os.path.join(self.work, "steps.log")) as f:
+                lines = f.read().split()
+            return int(lines[-2]) if len(lines) >= 2 else 0
+        except (OSError, ValueError):
+            return 0
+
+    def wait_step(self, n, limit):
+        return wait_for("%s step %d" % (self.name, n), limit, lambda: self.step() >= n or None)
+
+    def signal(self, rank, sig):
+        with open(os.path.join(self.work, "rank%d.pid" % rank)) as f:
+            os.kill(int(f.read().strip()), sig)
+
+    def wait_incident(self, kind, limit):
+        def probe():
+            for i in self.cluster.incidents(self.name):
+                if i.get("kind") == kind and i.get("detected_s") is not None:
+                    return i
+            return None
+
+        return wait_for("a %s incident of %s" % (kind, self.name), limit, probe)
+
+    def finish(self, limit):
+        end = min(time.monotonic() + limit, DEADLINE[0])
+        for p in self.launches:
+            try:
+                p.wait(timeout=max(end - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                return False
+        return all(p.returncode == 0 for p in self.launches)
+
+    def stop(self):
+        # torchrun starts each worker in a session of its own: kill the workers by
+        # their pids, then the launchers.
+        for name in os.listdir(self.work):
+            if name.startswith("rank") and name.endswith(".pid"):
+                try:
+                    with open(os.path.join(self.work, name)) as f:
+                        pid = int(f.read().strip())
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+        for p in self.launches:
+            self.cluster.procs.stop(p, True)
+
+    def log(self, rank):
+        """The log of `rank`'s launch (per node: its node's, every rank of it)."""
+        per_node = getattr(self.cluster.args, "launch", "rank") == "node"
+        name = (NODES[0] if rank < self.ranks // 2 else NODES[1]) if per_node else "rank%d" % rank
+        try:
+            with open(os.path.join(self.work, name + ".log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+def culprits(i):
+    return sorted(i.get("ranks") or [])
+
+
+def brief(i):
+    keys = ("id", "kind", "state", "ranks", "nodes", "summary", "onset_s", "detected_s", "confidence")
+    return {k: i.get(k) for k in keys}
