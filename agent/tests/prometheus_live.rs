@@ -22,9 +22,11 @@
 //! belongs to another package, which Cargo cannot build for this one, so the test takes
 //! it from `WARDEN_BIN`, else from next to the agent binary (same target directory and
 //! profile): `cargo test --workspace` (and `--release`) builds it there because the
-//! `warden` package's own tests need it. Its Cargo dep-info (`warden.d`) is checked so
-//! that a binary older than its sources, or built from another checkout sharing the
-//! target directory, is never tested. Building it from here is no
+//! `warden` package's own tests need it. Its Cargo dep-info (that of the `deps/` file it
+//! is a hard link of, else `warden.d` beside it) is checked so
+//! that a binary older than its sources is never tested, nor one built from another
+//! checkout sharing the target directory where the dep-info names sources by absolute
+//! path (`warden.d`). Building it from here is no
 //! option: a nested `cargo build` resolves features differently from `cargo test` and
 //! would rebuild (and replace) what the outer build made.
 //!
@@ -313,16 +315,19 @@ fn warden_bin() -> Result<PathBuf, String> {
     let built = std::fs::metadata(&bin)
         .and_then(|m| m.modified())
         .map_err(|e| format!("{} is missing ({e}): {build}", bin.display()))?;
-    let deps = std::fs::read_to_string(dir.join("warden.d"))
+    let deps = dep_info(&bin, dir)
         .map_err(|e| format!("{}: no dep-info ({e}): {build}", bin.display()))?;
-    // `target: dep dep ...`, spaces in paths escaped with a backslash.
+    // First line `target: dep dep ...`, spaces in paths escaped with a backslash;
+    // rustc's own dep-info names sources relative to the workspace root.
     let deps = deps.replace("\\ ", "\u{0}");
     let (_, list) = deps
-        .split_once(": ")
+        .lines()
+        .next()
+        .and_then(|l| l.split_once(": "))
         .ok_or_else(|| format!("{}: unreadable dep-info: {build}", bin.display()))?;
     let deps: Vec<PathBuf> = list
         .split_whitespace()
-        .map(|d| PathBuf::from(d.replace('\u{0}', " ")))
+        .map(|d| repo().join(d.replace('\u{0}', " ")))
         .collect();
     // A target directory shared by several checkouts holds whichever built last.
     let main = repo().join("cli/src/main.rs");
@@ -346,6 +351,32 @@ fn warden_bin() -> Result<PathBuf, String> {
         }
     }
     Ok(bin)
+}
+
+/// Cargo's dep-info of `bin` in the target directory `dir`: that of the file in `deps/`
+/// that `bin` is a hard link of (`cargo test` uplifts a binary so, without a dep-info
+/// of its own beside it), else `warden.d` beside it (`cargo build` writes one).
+fn dep_info(bin: &Path, dir: &Path) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::fs::metadata(bin)?;
+    let stem = format!(
+        "{}-",
+        bin.file_name().and_then(|n| n.to_str()).unwrap_or("warden")
+    );
+    for entry in std::fs::read_dir(dir.join("deps"))?.flatten() {
+        let path = entry.path();
+        let linked = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(&stem) && !n.contains('.'))
+            && entry
+                .metadata()
+                .is_ok_and(|m| m.dev() == me.dev() && m.ino() == me.ino());
+        if linked {
+            return std::fs::read_to_string(path.with_extension("d"));
+        }
+    }
+    std::fs::read_to_string(dir.join("warden.d"))
 }
 
 /// A child process whose output is kept (for failure messages) and which is killed
