@@ -838,19 +838,36 @@ mod tests {
         assert!(last.sent_at_ns > 0);
     }
 
-    /// Batches delivered by `run` under a 10 s flush interval, `at` after a record
-    /// added once the first batch went out.
-    async fn delivered_after(add: impl FnOnce(&mut Pending), at: Duration) -> Vec<Batch> {
+    /// A shipper with a 10 s flush interval (what it delivers sooner, it was woken
+    /// for), and the controller it delivers to.
+    fn slow_shipper() -> (Fake, Shipper<Fake>) {
         let fake = Fake::default();
         let cfg = ShipConfig {
             flush_interval: Duration::from_secs(10),
             ..ShipConfig::default()
         };
         let sh = Shipper::new(cfg, fake.clone(), id());
-        let pending = SharedPending::default();
-        let (_stop, shutdown) = watch::channel(false);
-        let run = tokio::spawn(sh.run(Arc::clone(&pending), shutdown));
+        (fake, sh)
+    }
+
+    /// `sh` running on `pending`, 1 s after it started (its first batch went out).
+    async fn running(sh: Shipper<Fake>, pending: &SharedPending) -> tokio::task::JoinHandle<()> {
+        let (stop, shutdown) = watch::channel(false);
+        let pending = Arc::clone(pending);
+        let run = tokio::spawn(async move {
+            let _stop = stop;
+            sh.run(pending, shutdown).await;
+        });
         tokio::time::sleep(Duration::from_secs(1)).await;
+        run
+    }
+
+    /// Batches delivered by `run` under a 10 s flush interval, `at` after a record
+    /// added once the first batch went out.
+    async fn delivered_after(add: impl FnOnce(&mut Pending), at: Duration) -> Vec<Batch> {
+        let (fake, sh) = slow_shipper();
+        let pending = SharedPending::default();
+        let run = running(sh, &pending).await;
         add(&mut lock(&pending));
         tokio::time::sleep(at).await;
         run.abort();
@@ -903,16 +920,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_nan_or_an_exit_from_the_capture_path_is_shipped_at_once() {
         for urgent in [true, false] {
-            let fake = Fake::default();
-            let cfg = ShipConfig {
-                flush_interval: Duration::from_secs(10),
-                ..ShipConfig::default()
-            };
+            let (fake, sh) = slow_shipper();
             let progress = crate::progress::Progress::default();
-            let sh = Shipper::new(cfg, fake.clone(), id()).with_progress(progress.clone());
-            let (_stop, shutdown) = watch::channel(false);
-            let run = tokio::spawn(sh.run(SharedPending::default(), shutdown));
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            let run = running(
+                sh.with_progress(progress.clone()),
+                &SharedPending::default(),
+            )
+            .await;
             let loss = if urgent { f64::NAN } else { 0.5 };
             progress.metric("j", metric(loss));
             progress.process(
@@ -933,16 +947,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn urgent_records_flush_at_most_once_per_gap() {
-        let fake = Fake::default();
-        let cfg = ShipConfig {
-            flush_interval: Duration::from_secs(10),
-            ..ShipConfig::default()
-        };
-        let sh = Shipper::new(cfg, fake.clone(), id());
+        let (fake, sh) = slow_shipper();
         let pending = SharedPending::default();
-        let (_stop, shutdown) = watch::channel(false);
-        let run = tokio::spawn(sh.run(Arc::clone(&pending), shutdown));
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let run = running(sh, &pending).await;
         // A NaN every millisecond for a second: about one flush per gap, not 1,000.
         for _ in 0..1000 {
             lock(&pending).metric("j", metric(f64::NAN));
