@@ -3,8 +3,8 @@
 //! bounded [`Outbox`] while the controller is unreachable (the oldest is dropped and
 //! counted when it is full), delivers them oldest first with jittered exponential
 //! backoff, and sends a heartbeat when it has nothing else to say. A record detection
-//! needs at once (a non-finite loss or gradient norm, a process that exited or stopped)
-//! wakes the shipper before the interval is over, at most once per [`URGENT_GAP`].
+//! needs at once (a non-finite loss or gradient norm, a process that exited or stopped,
+//! a node event of error or fatal severity) wakes the shipper before the interval is over, at most once per [`URGENT_GAP`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -22,8 +22,8 @@ use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use warden_model::wire::{
-    Batch, GpuSample, Heartbeat, JobSignals, LogRecord, NodeEvent, ProcessState, TrainingMetric,
-    frame_sealed,
+    Batch, EventSeverity, GpuSample, Heartbeat, JobSignals, LogRecord, NodeEvent, ProcessState,
+    TrainingMetric, frame_sealed,
 };
 
 use crate::config::ShipConfig;
@@ -82,10 +82,14 @@ impl Pending {
         }
     }
 
-    /// Add node events.
+    /// Add node events; an error or a fatal one (an XID that impairs or loses a GPU)
+    /// wakes the shipper.
     pub fn events(&mut self, events: impl IntoIterator<Item = NodeEvent>) {
         for e in events {
             if self.room(1) {
+                if e.severity >= EventSeverity::Error as i32 {
+                    self.wake.notify_one();
+                }
                 self.events.push(e);
             }
         }
@@ -893,6 +897,22 @@ mod tests {
         // A finite loss waits for the flush interval.
         let got = delivered_after(|p| p.metric("j", metric(0.5)), Duration::from_secs(5)).await;
         assert!(got.iter().all(|b| b.jobs.is_empty()), "{got:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gpu_error_event_is_shipped_at_once_and_a_warning_waits() {
+        for (severity, urgent) in [
+            (EventSeverity::Fatal, true),
+            (EventSeverity::Warning, false),
+        ] {
+            let event = NodeEvent {
+                severity: severity as i32,
+                ..NodeEvent::default()
+            };
+            let got = delivered_after(|p| p.events([event]), URGENT_GAP * 2).await;
+            let shipped = got.iter().any(|b| !b.events.is_empty());
+            assert_eq!(shipped, urgent, "{severity:?}: {got:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]
