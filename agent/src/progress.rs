@@ -262,9 +262,7 @@ impl Progress {
             }
             j.repeats.retain(|(left, _)| *left > 0);
             for m in std::mem::take(&mut j.metrics) {
-                if m.loss.is_some_and(|x| !x.is_finite())
-                    || m.grad_norm.is_some_and(|x| !x.is_finite())
-                {
+                if urgent_metric(&m) {
                     j.repeats
                         .push((CRITICAL_REPEATS, Critical::Metric(m.clone())));
                 }

@@ -4,7 +4,8 @@
 //! counted when it is full), delivers them oldest first with jittered exponential
 //! backoff, and sends a heartbeat when it has nothing else to say. A record detection
 //! needs at once (a non-finite loss or gradient norm, a process that exited or stopped,
-//! a node event of error or fatal severity) wakes the shipper before the interval is over, at most once per [`URGENT_GAP`].
+//! a node event of error or fatal severity) wakes the shipper before the interval is
+//! over, at most once per [`URGENT_GAP`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
