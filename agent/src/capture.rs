@@ -323,6 +323,7 @@ pub fn report_stopped(
             exit_code: None,
             signal: None,
             stopped,
+            from_log: false,
         },
     );
 }
@@ -466,6 +467,7 @@ impl Capture {
                         exit_code: None,
                         signal: None,
                         stopped: false,
+                        from_log: false,
                     },
                 );
             }
@@ -566,6 +568,7 @@ impl Capture {
                         exit_code: Some(code),
                         signal: None,
                         stopped: false,
+                        from_log: false,
                     },
                 );
             }
@@ -630,6 +633,7 @@ impl Capture {
                 exit_code,
                 signal,
                 stopped: false,
+                from_log: false,
             },
         );
     }

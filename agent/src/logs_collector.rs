@@ -1,17 +1,19 @@
 //! The training-log collector thread: polls the [`Tailer`], extracts metrics and
 //! watchdog reports, keeps every line in the local window and ships training metrics
-//! and the notable lines (tracebacks, errors, watchdog reports), rate-limited.
+//! and the notable lines (tracebacks, errors, watchdog reports), rate-limited, and the
+//! worker deaths of launcher failure reports as exits (never rate-limited).
 
 use std::thread::JoinHandle;
 
 use std::time::{Duration, Instant};
 
 use crate::config::AgentConfig;
-use crate::logs::{Extractor, LogLine, PresetCatalog, Tailer};
+use crate::logs::{Extractor, LauncherReports, LogLine, PresetCatalog, Tailer};
 use crate::metrics::advance;
 use crate::runtime::Shared;
 use crate::ship::{self, wall_ns};
 use crate::window::WindowLine;
+use warden_model::wire::ProcessState;
 
 /// Interval between tailer polls.
 const POLL: Duration = Duration::from_millis(500);
@@ -78,6 +80,7 @@ pub fn start(cfg: &AgentConfig, shared: &Shared) -> Option<JoinHandle<()>> {
 
 fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u32) {
     let mut limit = RateLimit::new(per_sec);
+    let mut reports = LauncherReports::new();
     let m = &shared.metrics;
     loop {
         let now = wall_ns();
@@ -101,6 +104,11 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
                 {
                     ship::lock(&shared.pending).log(job, line.to_record());
                 }
+                if let Some(job) = line.job.as_deref() {
+                    for e in reports.push(&line) {
+                        ship::lock(&shared.pending).process(job, launcher_exit(&line, e));
+                    }
+                }
                 w.push(window_line(line));
             });
         }
@@ -121,6 +129,20 @@ fn run(shared: &Shared, mut tailer: Tailer, mut extractor: Extractor, per_sec: u
             tailer.flush(wall_ns(), &mut |line| w.push(window_line(line)));
             return;
         }
+    }
+}
+
+/// A death from the launcher's report as the exit the controller takes it for.
+fn launcher_exit(line: &LogLine, e: crate::logs::LauncherExit) -> ProcessState {
+    ProcessState {
+        rank: e.rank,
+        pid: e.pid,
+        at_ns: line.at_ns,
+        alive: false,
+        exit_code: e.exit_code,
+        signal: e.signal,
+        stopped: false,
+        from_log: true,
     }
 }
 

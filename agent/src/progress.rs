@@ -361,6 +361,7 @@ mod tests {
                 exit_code: Some(1),
                 signal: None,
                 stopped: false,
+                from_log: false,
             },
         );
         let first = cut(&p, 1_000);

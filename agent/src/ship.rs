@@ -115,6 +115,16 @@ impl Pending {
         }
     }
 
+    /// Add a process state of `job`; an exit or a stop wakes the shipper.
+    pub fn process(&mut self, job: &str, p: ProcessState) {
+        if self.room(1) {
+            if urgent_process(&p) {
+                self.wake.notify_one();
+            }
+            self.job(job).processes.push(p);
+        }
+    }
+
     /// What wakes the shipper when an urgent record arrives.
     pub fn waker(&self) -> Arc<Notify> {
         Arc::clone(&self.wake)

@@ -285,6 +285,7 @@ fn exit_batch(node: &str, seq: u64, at: i64, job: &str, rank: u32) -> Batch {
             exit_code: None,
             signal: Some(15),
             stopped: false,
+            from_log: false,
         }],
         ..JobSignals::default()
     });

@@ -310,6 +310,7 @@ fn exit(rank: u32, code: i32) -> ProcessState {
         exit_code: Some(code),
         signal: None,
         stopped: false,
+        from_log: false,
     }
 }
 

@@ -189,6 +189,7 @@ fn sample_batches() -> Vec<(&'static str, Batch)> {
             exit_code: Some(1),
             signal: None,
             stopped: false,
+            from_log: false,
         }],
         logs: vec![LogRecord {
             rank: Some(2),

@@ -384,6 +384,10 @@ pub struct ProcessState {
     /// Alive but stopped (SIGSTOP, a debugger): it will not make progress by itself.
     #[prost(bool, tag = "7")]
     pub stopped: bool,
+    /// Read from the launcher's failure report in a log (torchrun's), not observed:
+    /// its time is when the agent read the report.
+    #[prost(bool, tag = "8")]
+    pub from_log: bool,
 }
 
 /// A line of a rank's output.

@@ -125,6 +125,7 @@ impl Physics {
                     exit_code: None,
                     signal: None,
                     stopped: false,
+                    from_log: false,
                 }),
             });
         }
@@ -389,6 +390,7 @@ impl Physics {
                         exit_code: Some(0),
                         signal: None,
                         stopped: false,
+                        from_log: false,
                     }),
                 );
             } else if checkpoint {
@@ -564,6 +566,7 @@ impl Physics {
                 exit_code,
                 signal,
                 stopped: false,
+                from_log: false,
             }),
         );
         let peer_ip = format!("10.0.{}.{}", node / 250, node % 250 + 2);
@@ -604,6 +607,7 @@ impl Physics {
                     exit_code: Some(1),
                     signal: None,
                     stopped: false,
+                    from_log: false,
                 }),
             );
         }

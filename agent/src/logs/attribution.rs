@@ -3,11 +3,13 @@
 //! Three places say something, and they are weighed in this order.
 //!
 //! Job:
-//! 1. the source config's `job`;
+//! 1. the source config's `job`, or the folder its `job_from_dir` names;
 //! 2. the path: a CRI pod log's pod name without its replica suffix
 //!    (`llama-worker-3` → `llama`, `llama-master-0` → `llama`, JobSet's
 //!    `llama-node-0-3-xk2pq` → `llama`, an indexed Job's `llama-3-xk2pq` → `llama`), or
 //!    Slurm's default output name `slurm-<job id>.out` → the job id.
+//!
+//! A job called `none` (plain torchrun's run id) is no job.
 //!
 //! Rank (global):
 //! 1. the source config's `rank`;
@@ -179,8 +181,10 @@ impl FileAttribution {
             .job
             .as_deref()
             .map(str::to_string)
+            .or_else(|| dir_job(path, source.job_from_dir?))
             .or_else(|| pod_name.as_ref().map(|p| p.job.clone()))
             .or_else(|| slurm_job(path))
+            .filter(|j| is_job_name(j))
             .map(Arc::from);
         let pod_index = pod_name.as_ref().and_then(|p| p.index);
         let local_rank_base = source.local_rank_offset.or_else(|| {
@@ -326,6 +330,21 @@ pub fn split_pod_name(pod: &str) -> PodName {
     }
 }
 
+/// Whether `name` can name a job: not empty, and not `none` (plain torchrun's
+/// `TORCHELASTIC_RUN_ID`, the same for every job).
+fn is_job_name(name: &str) -> bool {
+    let n = name.trim();
+    !n.is_empty() && !n.eq_ignore_ascii_case("none")
+}
+
+/// The name of the folder `levels` above the file at `path` (1: its own folder).
+fn dir_job(path: &str, levels: u32) -> Option<String> {
+    let mut parts = path.rsplit('/').filter(|p| !p.is_empty());
+    parts.next()?; // the file
+    let name = parts.nth(levels.checked_sub(1)? as usize)?;
+    Some(name.to_string())
+}
+
 /// The job id of Slurm's default output file name, `slurm-<id>.out` / `slurm-<id>_<task>.out`.
 fn slurm_job(path: &str) -> Option<String> {
     let file = path.rsplit('/').next()?;
@@ -452,6 +471,28 @@ mod tests {
                 "{pod}"
             );
         }
+    }
+
+    #[test]
+    fn a_job_comes_from_the_folder_the_config_names_and_none_is_no_job() {
+        assert_eq!(
+            dir_job("/scratch/runs/llama/rank3.log", 1).as_deref(),
+            Some("llama")
+        );
+        assert_eq!(
+            dir_job("/scratch/runs/llama/logs/rank3.log", 2).as_deref(),
+            Some("llama")
+        );
+        assert_eq!(dir_job("rank3.log", 1), None);
+        assert_eq!(dir_job("/a/b.log", 0), None);
+        let a = attr("/scratch/runs/llama/rank3.log", |s| {
+            s.job_from_dir = Some(1)
+        });
+        assert_eq!(a.job.as_deref(), Some("llama"));
+        let a = attr("/scratch/runs/none/rank3.log", |s| s.job_from_dir = Some(1));
+        assert_eq!(a.job, None);
+        let a = attr("/scratch/x/rank3.log", |s| s.job = Some("None".into()));
+        assert_eq!(a.job, None);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //!   - paths: ["/var/log/pods/*/*/*.log"]   # globs, re-expanded every rescan
 //!     format: auto            # auto | plain | cri
 //!     job: null               # static job name
+//!     job_from_dir: null      # or: the name of the folder N levels above the file
 //!     rank: null              # static global rank
 //!     local_rank_offset: null # global rank of local rank 0 on this node
 //!     ranks_per_pod: null     # with a pod index from the pod name: rank = index * this (+ local rank)
@@ -79,6 +80,11 @@ pub struct SourceConfig {
     /// The job every line of these files belongs to; overrides what the path says.
     #[serde(default)]
     pub job: Option<String>,
+    /// The job is the name of the folder this many levels above each file (1: the
+    /// folder that holds it, so `/scratch/runs/<job>/rank3.log` is 1); below `job`,
+    /// above what a pod or Slurm path says.
+    #[serde(default)]
+    pub job_from_dir: Option<u32>,
     /// The global rank every line of these files belongs to; overrides everything else.
     #[serde(default)]
     pub rank: Option<u32>,
@@ -113,6 +119,7 @@ impl SourceConfig {
             paths: paths.into_iter().map(Into::into).collect(),
             format: Format::Auto,
             job: None,
+            job_from_dir: None,
             rank: None,
             local_rank_offset: None,
             ranks_per_pod: None,
@@ -275,6 +282,13 @@ impl TailConfig {
         for (i, s) in self.sources.iter().enumerate() {
             if s.paths.is_empty() {
                 p.push(format!("sources[{i}].paths: at least one glob is needed"));
+            }
+            if let Some(n) = s.job_from_dir
+                && !(1..=64).contains(&n)
+            {
+                p.push(format!(
+                    "sources[{i}].job_from_dir: {n} is outside 1..=64 (1: the folder holding the file)"
+                ));
             }
             for (j, g) in s.paths.iter().enumerate() {
                 if g.trim().is_empty() {

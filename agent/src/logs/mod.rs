@@ -15,6 +15,8 @@
 //! - [`extract`]: step, loss, grad norm and throughput from framework log lines, with
 //!   presets shipped as data in `rules/log-presets.yaml` ([`presets`]), and the PyTorch
 //!   NCCL / gloo watchdog lines as structured [`Watchdog`] reports.
+//! - [`launcher`]: worker deaths from torchrun's failure report, for jobs that nothing
+//!   else reports on.
 //!
 //! Nothing here spawns a thread or sleeps: the agent's log thread calls
 //! [`Tailer::poll_with`] with the current time every 500 ms and hands each [`LogLine`] to
@@ -24,6 +26,7 @@ pub mod attribution;
 pub mod config;
 pub mod cri;
 pub mod extract;
+pub mod launcher;
 mod linebuf;
 pub mod multiline;
 mod numfield;
@@ -42,6 +45,7 @@ pub use extract::{
     Backend, Extracted, Extractor, StepMetric, Throughput, ThroughputUnit, Watchdog, WatchdogKind,
     parse_watchdog,
 };
+pub use launcher::{LauncherExit, LauncherReports};
 pub use presets::{PresetCatalog, PresetError};
 pub use tail::{TailCounters, Tailer};
 
