@@ -155,6 +155,9 @@ pub struct ExitRecord {
     pub peer_symptom: bool,
     /// Process id.
     pub pid: u32,
+    /// Read from the launcher's failure report in a log, not observed (its time is
+    /// when the report was read).
+    pub from_log: bool,
 }
 
 impl ExitRecord {
@@ -163,6 +166,13 @@ impl ExitRecord {
     /// missing pid).
     pub fn abnormal(&self) -> bool {
         self.code != Some(0) || self.signal.is_some()
+    }
+
+    /// Whether it went down with others rather than first: its last words blame a peer,
+    /// or it was terminated (SIGTERM: what a launcher or a scheduler sends the workers
+    /// it tears down once another has failed).
+    pub fn torn_down(&self) -> bool {
+        self.peer_symptom || self.signal == Some(15)
     }
 
     /// "signal 11 (SIGSEGV)" or "exit code 1".
@@ -190,6 +200,18 @@ pub fn signal_name(sig: i32) -> &'static str {
         15 => "SIGTERM",
         _ => "signal",
     }
+}
+
+/// A rank's own log said one of its collectives timed out waiting for its peers
+/// (PyTorch's NCCL watchdog, gloo's "Timed out waiting ...").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimedOut {
+    /// When the line was read (controller clock).
+    pub at: Timestamp,
+    /// When the controller learned of it.
+    pub received_at: Timestamp,
+    /// How long it had waited, seconds, when the line says.
+    pub waited_secs: Option<f64>,
 }
 
 /// The first non-finite training metric a rank reported.
@@ -233,6 +255,8 @@ pub struct RankState {
     pub exit: Option<ExitRecord>,
     /// Whether a log line of its blamed a peer.
     pub peer_symptom: bool,
+    /// Its first collective timeout, from its log: it waited for someone else.
+    pub timed_out: Option<TimedOut>,
     /// Since when its process is stopped (SIGSTOP, a debugger), while it is.
     pub stopped_since: Option<Timestamp>,
     /// Its last few error-looking log lines (for evidence).
@@ -277,6 +301,7 @@ impl Default for RankState {
             comms: Vec::new(),
             exit: None,
             peer_symptom: false,
+            timed_out: None,
             last_errors: Vec::new(),
             last_seen: Timestamp::ZERO,
             step: None,
@@ -724,6 +749,38 @@ const PEER_FAILURE_MARKERS: [&str; 7] = [
     "sigterm",
 ];
 
+/// Whether a (lowercased) log line reports one of the rank's own collectives timing
+/// out, and how long it waited (seconds) where it says: gloo's `Timed out waiting
+/// 1800000ms for recv operation to complete`, ProcessGroupNCCL's `Watchdog caught
+/// collective operation timeout: WorkNCCL(... Timeout(ms)=600000) ran for 600010
+/// milliseconds`, its later `Timeout at NCCL work` / `failure detected by watchdog`.
+pub fn collective_timeout(lower: &str) -> Option<Option<f64>> {
+    let ms_after = |key: &str| -> Option<f64> {
+        let at = lower.find(key)? + key.len();
+        let digits: String = lower[at..]
+            .trim_start()
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .take(12)
+            .collect();
+        digits.parse::<f64>().ok().map(|ms| ms / 1000.0)
+    };
+    if lower.contains("timed out waiting") && lower.contains("operation to complete") {
+        return Some(ms_after("timed out waiting"));
+    }
+    if lower.contains("watchdog caught collective operation timeout") {
+        return Some(ms_after("ran for"));
+    }
+    // gloo, on a rank whose own wait timed out on another thread's pair.
+    if lower.contains("timeout at nccl work")
+        || lower.contains("failure detected by watchdog")
+        || lower.contains("application timeout caused pair closure")
+    {
+        return Some(None);
+    }
+    None
+}
+
 /// Log lines worth keeping as crash evidence.
 const ERROR_MARKERS: [&str; 8] = [
     "error",
@@ -926,15 +983,20 @@ impl Cluster {
             }
         }
         for l in &js.logs {
-            apply_log(job, l);
+            apply_log(job, l, offset, now);
+            if let Some(r) = l.rank {
+                place(job, r, node);
+            }
             n += 1;
         }
         for m in &js.metrics {
             apply_metric(job, m, offset, now);
+            place(job, m.rank, node);
             n += 1;
         }
         for p in &js.processes {
             apply_process(job, p, offset, now);
+            place(job, p.rank, node);
             n += 1;
         }
         stats.other_records += n as u64;
@@ -1168,6 +1230,7 @@ fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestam
         if r.pid != 0 && r.exit.is_some() {
             r.exit = None;
             r.peer_symptom = false;
+            r.timed_out = None;
             r.nonfinite = None;
         }
         r.pid = info.pid;
@@ -1362,6 +1425,7 @@ fn apply_process(job: &mut JobState, p: &ProcessState, offset: i64, now: Timesta
         {
             r.exit = None;
             r.peer_symptom = false;
+            r.timed_out = None;
         }
         if p.pid != 0 {
             if r.pid != 0 && r.pid != p.pid {
@@ -1381,13 +1445,33 @@ fn apply_process(job: &mut JobState, p: &ProcessState, offset: i64, now: Timesta
         signal: p.signal,
         peer_symptom: r.peer_symptom,
         pid: p.pid,
+        from_log: p.from_log,
     });
 }
 
-fn apply_log(job: &mut JobState, l: &LogRecord) {
+/// A rank heard of only through what its node's agent read (logs, metrics, exits)
+/// runs on that node until a registration says where exactly.
+fn place(job: &mut JobState, rank: u32, node: u32) {
+    if let Some(r) = job.ranks.get_mut(rank as usize)
+        && r.node == NO_NODE
+    {
+        r.node = node;
+    }
+}
+
+fn apply_log(job: &mut JobState, l: &LogRecord, offset: i64, now: Timestamp) {
     let Some(rank) = l.rank else { return };
     let lower = l.line.to_ascii_lowercase();
     let r = job.rank_mut(rank);
+    if r.timed_out.is_none()
+        && let Some(waited_secs) = collective_timeout(&lower)
+    {
+        r.timed_out = Some(TimedOut {
+            at: Timestamp(l.at_ns.saturating_sub(offset)),
+            received_at: now,
+            waited_secs,
+        });
+    }
     if PEER_FAILURE_MARKERS.iter().any(|m| lower.contains(m)) {
         r.peer_symptom = true;
         if let Some(e) = r.exit.as_mut() {

@@ -1,8 +1,15 @@
 //! Crash: a rank's process exited abnormally. When one rank dies its peers fail within
-//! a fraction of a second ("connection closed by peer"), so the culprit is the first
-//! exit that does not blame a peer, by skew-corrected time, once a short grace period
-//! has let the other exits arrive. Exits that arrive after remediation asked for the
-//! job's restart are that restart, not a crash.
+//! a fraction of a second ("connection closed by peer"), or are terminated by their
+//! launcher (SIGTERM), so the culprit is the first exit that does neither, by skew-corrected time, once a short grace period
+//! has let the other exits arrive. While every exit so far blames a peer, the grace
+//! period runs out in full: the peer's own exit is likely still on its way. Exits that
+//! arrive after remediation asked for the job's restart are that restart, not a crash.
+//!
+//! A rank whose log said its collective timed out was waiting for someone else: when
+//! every exit is such a rank's, or one that blames a peer or was terminated (SIGTERM)
+//! beside them (the teardown that follows), the job hung and the ranks gave up, which is the hang detectors' to
+//! tell, so no crash is named. An exit read from the launcher's failure
+//! report (no capture on the job) is believed a little less than an observed one.
 
 use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
 
@@ -47,12 +54,22 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let Some(first_received) = exits.iter().map(|(_, e)| e.received_at).min() else {
         return vec![];
     };
+    let victim = |r: u32| job.ranks[r as usize].timed_out.is_some();
+    if exits.iter().any(|(r, _)| victim(*r))
+        && exits.iter().all(|(r, e)| victim(*r) || e.torn_down())
+    {
+        // Ranks gave up waiting, and the rest went down with them: a hang.
+        return vec![];
+    }
     let first_seen = exits.iter().map(|(_, e)| e.at).min().unwrap_or(now);
-    if now.secs_since(first_received) < cfg.grace_secs && !w.all_reported_since(first_seen) {
+    let causes: Vec<&(u32, &crate::state::ExitRecord)> = exits
+        .iter()
+        .filter(|(r, e)| !e.torn_down() && !victim(*r))
+        .collect();
+    let settled = now.secs_since(first_received) >= cfg.grace_secs;
+    if !settled && (causes.is_empty() || !w.all_reported_since(first_seen)) {
         return vec![Verdict::NeedMoreData];
     }
-    let causes: Vec<&(u32, &crate::state::ExitRecord)> =
-        exits.iter().filter(|(_, e)| !e.peer_symptom).collect();
     let pool: Vec<&(u32, &crate::state::ExitRecord)> = if causes.is_empty() {
         exits.iter().collect()
     } else {
@@ -68,13 +85,19 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         .collect();
     culprits.sort_unstable();
     let followers = exits.len() - culprits.len();
-    let symptom_free = exits.iter().filter(|(_, e)| !e.peer_symptom).count();
+    let symptom_free = exits.iter().filter(|(_, e)| !e.torn_down()).count();
     let confidence = match (culprits.len(), symptom_free) {
         (1, 1) => 0.97,
         (1, _) => 0.85,
         (n, _) => (0.8 / n as f64).max(0.3),
     };
     let lead = &job.ranks[culprits[0] as usize];
+    let from_log = lead.exit.as_ref().is_some_and(|e| e.from_log);
+    let confidence = if from_log {
+        confidence * 0.85
+    } else {
+        confidence
+    };
     let how = lead.exit.as_ref().map(|e| e.describe()).unwrap_or_default();
     let last_exit = exits.iter().map(|(_, e)| e.at).max().unwrap_or(first_at);
     let who = if culprits.len() == 1 {
@@ -92,7 +115,15 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     };
     let mut evidence = vec![Evidence {
         at: first_at,
-        text: format!("{} exited with {how}", w.describe_rank(culprits[0])),
+        text: format!(
+            "{} exited with {how}{}",
+            w.describe_rank(culprits[0]),
+            if from_log {
+                " (from the launcher's failure report)"
+            } else {
+                ""
+            }
+        ),
     }];
     for line in lead.last_errors.iter().rev().take(3) {
         evidence.push(Evidence {

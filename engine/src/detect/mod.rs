@@ -15,6 +15,7 @@ pub mod hang;
 pub mod nan;
 pub mod slow_link;
 pub mod straggler;
+pub mod timeout;
 
 use warden_model::{Finding, Timestamp};
 
@@ -100,6 +101,8 @@ pub struct DetectConfig {
     pub straggler: straggler::StragglerConfig,
     /// Slow-link detection.
     pub slow_link: slow_link::SlowLinkConfig,
+    /// Hang from the logs' collective timeouts, for jobs without captured collectives.
+    pub timeout: timeout::TimeoutConfig,
 }
 
 /// All detectors with their settings.
@@ -164,6 +167,11 @@ impl Detectors {
                     }
                 }
                 continue;
+            }
+            // Before the crash detector: the exits that follow a timeout are the
+            // hang's victims, and fold into it only once it is open.
+            for v in timeout::check(&c.timeout, w, now) {
+                push(v);
             }
             for v in crash::check(&c.crash, w, now) {
                 push(v);

@@ -145,6 +145,7 @@ impl Job {
             exit_code: code,
             signal,
             stopped: false,
+            from_log: false,
         };
         self.send(
             self.node_of(r),
@@ -402,6 +403,7 @@ fn hang_with_everyone_inside_names_a_stopped_process() {
         exit_code: None,
         signal: None,
         stopped: true,
+        from_log: false,
     };
     j.send(
         j.node_of(2),
@@ -471,6 +473,7 @@ fn hang_inside_a_collective_that_completed_on_some_names_the_stopped_process() {
                 exit_code: None,
                 signal: None,
                 stopped: true,
+                from_log: false,
             }],
             ..Default::default()
         },
@@ -1076,4 +1079,330 @@ fn step_marks_every_few_steps_give_the_mean_step() {
             "{secs} {period}"
         );
     }
+}
+
+// ---- Jobs nothing captures: what their logs and their launcher say ----
+
+impl Job {
+    /// A job of `per_node` ranks a node that registers nothing: no capture, only
+    /// what each node's agent reads from the logs.
+    fn bare(per_node: u32) -> Job {
+        Job {
+            cluster: Cluster::default(),
+            per_node,
+            seq: Default::default(),
+            stats: EngineStats::default(),
+            in_flight: Vec::new(),
+        }
+    }
+
+    /// Rank `r`'s log says `line` at `t`.
+    fn log(&mut self, r: u32, t: f64, line: &str) {
+        let l = LogRecord {
+            rank: Some(r),
+            at_ns: ns(t),
+            stream: 2,
+            line: line.into(),
+        };
+        self.send(
+            self.node_of(r),
+            t,
+            JobSignals {
+                job: "j".into(),
+                logs: vec![l],
+                ..Default::default()
+            },
+            vec![],
+        );
+    }
+
+    /// The launcher's failure report on `r`'s node names its death, read at `t`.
+    fn reported_exit(&mut self, r: u32, t: f64, code: Option<i32>, signal: Option<i32>) {
+        let p = ProcessState {
+            rank: r,
+            pid: 100 + r,
+            at_ns: ns(t),
+            alive: false,
+            exit_code: code,
+            signal,
+            stopped: false,
+            from_log: true,
+        };
+        self.send(
+            self.node_of(r),
+            t,
+            JobSignals {
+                job: "j".into(),
+                processes: vec![p],
+                ..Default::default()
+            },
+            vec![],
+        );
+    }
+
+    fn timeout_verdicts(&self, now: f64) -> Vec<Verdict> {
+        let w = Window {
+            job: &self.cluster.jobs["j"],
+            cluster: &self.cluster,
+        };
+        super::timeout::check(&DetectConfig::default().timeout, w, at(now))
+    }
+
+    fn timeout_findings(&self, now: f64) -> Vec<Finding> {
+        self.timeout_verdicts(now)
+            .into_iter()
+            .filter_map(|v| match v {
+                Verdict::Finding(f) => Some(f.normalize()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+const GLOO_TIMEOUT: &str = "[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/\
+unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete";
+
+/// Four ranks on two nodes that printed their loss for ten steps.
+fn logging_job() -> Job {
+    let mut j = Job::bare(2);
+    for step in 1..=10u64 {
+        for r in 0..4 {
+            j.metric(r, step, step as f64, 2.0, 1.0);
+        }
+    }
+    j
+}
+
+#[test]
+fn the_lines_that_say_a_collective_timed_out_and_how_long_it_waited() {
+    use crate::state::collective_timeout;
+    let low = |s: &str| collective_timeout(&s.to_ascii_lowercase());
+    assert_eq!(low(GLOO_TIMEOUT), Some(Some(10.0)));
+    assert_eq!(
+        low(
+            "[rank1]: RuntimeError: ... Timed out waiting 1800000ms for send operation to complete"
+        ),
+        Some(Some(1800.0))
+    );
+    assert_eq!(
+        low(
+            "[Rank 5] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=312774, \
+             OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1801487 milliseconds before timing out."
+        ),
+        Some(Some(1801.487))
+    );
+    assert_eq!(
+        low(
+            "[PG ID 0 PG GUID 0(default_pg) Rank 1]  failure detected by watchdog at work \
+             sequence id: 1284 PG status: last enqueued work: 1315, last completed work: 1283"
+        ),
+        Some(None)
+    );
+    assert_eq!(low("Connection closed by peer [127.0.0.1]:4505"), None);
+    assert_eq!(
+        low("step 10 loss 0.25 (timed out waiting for nothing)"),
+        None
+    );
+}
+
+#[test]
+fn a_log_only_hang_names_the_rank_that_logged_no_timeout_and_its_node() {
+    let mut j = logging_job();
+    // Rank 3 stopped after step 10; the others give up 10 s into their wait.
+    for r in 0..3 {
+        j.log(r, 21.0 + f64::from(r) * 0.3, GLOO_TIMEOUT);
+    }
+    assert_eq!(
+        j.timeout_verdicts(22.0),
+        vec![Verdict::NeedMoreData],
+        "the others' lines may still come"
+    );
+    let f = j.timeout_findings(24.5);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].kind, IncidentKind::Hang);
+    assert_eq!(f[0].ranks, vec![3]);
+    assert_eq!(f[0].nodes, vec!["node-01".to_string()]);
+    assert_eq!(
+        f[0].onset,
+        at(11.0),
+        "onset: the first timeout less its wait"
+    );
+    assert!(f[0].confidence < 0.9, "a log-only hang is less certain");
+    assert!(f[0].summary.contains("from the logs"), "{}", f[0].summary);
+    // The exits that follow are the hang's victims, not a crash.
+    for r in 0..3 {
+        j.reported_exit(r, 22.0 + f64::from(r) * 0.3, Some(1), None);
+    }
+    check(&j, IncidentKind::Crash, 30.0, None);
+    assert_eq!(j.timeout_findings(30.0)[0].ranks, vec![3]);
+}
+
+#[test]
+fn a_rank_whose_partner_timed_out_first_and_left_is_a_waiter_too() {
+    let mut j = logging_job();
+    for r in 1..3 {
+        j.log(r, 21.0, GLOO_TIMEOUT);
+    }
+    // Rank 0 waited on rank 2, which gave up first and exited.
+    j.log(
+        0,
+        21.2,
+        "[rank0]: RuntimeError: ... Connection closed by peer [127.0.0.1]:4505",
+    );
+    let f = j.timeout_findings(25.0);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].ranks, vec![3], "{}", f[0].summary);
+}
+
+#[test]
+fn silent_ranks_all_on_one_node_name_the_node_and_the_teardown_is_no_crash() {
+    // A pipeline: rank 1 timed out sending to the stopped rank 3; rank 0 lost rank 1
+    // and was torn down (SIGTERM); rank 2 waits on rank 3 with no timeout of its own.
+    let mut j = logging_job();
+    j.log(1, 21.0, GLOO_TIMEOUT);
+    j.log(
+        0,
+        21.1,
+        "[rank0]: RuntimeError: ... Connection closed by peer [127.0.0.1]:435",
+    );
+    j.reported_exit(1, 21.2, Some(1), None);
+    j.reported_exit(0, 21.2, None, Some(15));
+    check(&j, IncidentKind::Crash, 23.0, None);
+    let f = j.timeout_findings(25.0);
+    assert_eq!(f.len(), 1);
+    assert!(f[0].ranks.is_empty(), "{f:#?}");
+    assert_eq!(f[0].nodes, vec!["node-01".to_string()]);
+    assert!(
+        f[0].summary.contains("ranks 2, 3 on node-01"),
+        "{}",
+        f[0].summary
+    );
+}
+
+#[test]
+fn a_log_only_hang_singles_out_nobody_when_too_many_ranks_are_silent() {
+    // Ranks 1 and 3 are silent, on different nodes.
+    let mut j = logging_job();
+    for r in [0, 2] {
+        j.log(r, 21.0, GLOO_TIMEOUT);
+    }
+    let f = j.timeout_findings(25.0);
+    assert_eq!(f.len(), 1);
+    assert!(f[0].ranks.is_empty() && f[0].nodes.is_empty(), "{f:#?}");
+    assert!(
+        f[0].summary.contains("do not single out"),
+        "{}",
+        f[0].summary
+    );
+}
+
+#[test]
+fn a_silent_rank_that_died_is_a_crash_not_a_log_only_hang() {
+    let mut j = logging_job();
+    j.reported_exit(3, 11.0, None, Some(9));
+    for r in 0..3 {
+        j.log(r, 21.0, GLOO_TIMEOUT);
+    }
+    assert!(j.timeout_findings(30.0).is_empty());
+    check(&j, IncidentKind::Crash, 30.0, Some(&[3]));
+}
+
+#[test]
+fn a_captured_job_gets_its_hang_from_the_collectives_not_the_logs() {
+    let mut j = steady(4);
+    for r in 0..3 {
+        j.log(r, 21.0, GLOO_TIMEOUT);
+    }
+    assert!(j.timeout_verdicts(30.0).is_empty());
+}
+
+#[test]
+fn a_log_only_crash_names_the_killed_rank_not_a_launchers_root_cause() {
+    let mut j = logging_job();
+    // Rank 3's launcher reports it killed; the others' launchers each report their own
+    // rank, which failed later because its peer went away, as their "root cause".
+    j.reported_exit(3, 10.5, None, Some(9));
+    for r in 0..3 {
+        j.log(
+            r,
+            12.0,
+            "[rank0]: RuntimeError: ... Connection closed by peer [127.0.0.1]:4505",
+        );
+        j.reported_exit(r, 12.1, Some(1), None);
+    }
+    let f = j.findings(IncidentKind::Crash, 13.5);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].ranks, vec![3]);
+    assert_eq!(f[0].nodes, vec!["node-01".to_string()]);
+    assert!(f[0].confidence < 0.9, "read from a report, not observed");
+    assert!(
+        f[0].evidence[0].text.contains("launcher's failure report"),
+        "{:#?}",
+        f[0].evidence
+    );
+}
+
+#[test]
+fn while_every_exit_blames_a_peer_the_peers_own_exit_is_waited_for() {
+    let mut j = logging_job();
+    for r in 0..3 {
+        j.log(
+            r,
+            10.2,
+            "[rank0]: RuntimeError: ... Connection closed by peer [127.0.0.1]:4505",
+        );
+        j.reported_exit(r, 10.2, Some(1), None);
+    }
+    j.heartbeats(10.5);
+    assert!(
+        j.need_more_data(IncidentKind::Crash, 10.5),
+        "every node reported, but the one they blame may still come"
+    );
+    j.reported_exit(3, 10.6, None, Some(9));
+    check(&j, IncidentKind::Crash, 10.7, Some(&[3]));
+}
+
+#[test]
+fn a_log_only_nan_names_the_rank_and_the_node_that_read_it() {
+    let mut j = logging_job();
+    j.metric(3, 11, 11.0, f64::NAN, f64::NAN);
+    for r in 0..3 {
+        j.metric(r, 11, 11.0, 2.0, 1.0);
+        j.metric(r, 12, 12.0, f64::NAN, f64::NAN);
+    }
+    j.metric(3, 12, 12.0, f64::NAN, f64::NAN);
+    let f = j.findings(IncidentKind::Nan, 13.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].ranks, vec![3]);
+    assert_eq!(f[0].nodes, vec!["node-01".to_string()]);
+}
+
+#[test]
+fn a_rank_whose_pair_closed_on_a_timeout_and_was_terminated_is_a_victim() {
+    // What gloo and torchrun print in a DDP job after rank 3 stopped: rank 1's own wait
+    // ended in "Application timeout caused pair closure" and its launcher terminated it
+    // (SIGTERM) once rank 0 failed.
+    let mut j = logging_job();
+    j.log(0, 21.0, GLOO_TIMEOUT);
+    j.log(2, 21.1, GLOO_TIMEOUT);
+    j.log(
+        1,
+        21.1,
+        "[rank1]: RuntimeError: Application timeout caused pair closure",
+    );
+    j.reported_exit(1, 21.3, None, Some(15));
+    j.reported_exit(0, 21.3, Some(1), None);
+    j.reported_exit(2, 21.4, Some(1), None);
+    check(&j, IncidentKind::Crash, 25.0, None);
+    let f = j.timeout_findings(25.0);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].ranks, vec![3], "{}", f[0].summary);
+}
+
+#[test]
+fn a_terminated_rank_is_not_the_crash_when_another_died_first_by_itself() {
+    let mut j = logging_job();
+    j.reported_exit(0, 10.0, None, Some(15));
+    j.reported_exit(3, 10.2, None, Some(11));
+    check(&j, IncidentKind::Crash, 12.0, Some(&[3]));
 }
