@@ -6,7 +6,10 @@ integrations/python/examples/train_ddp.py reporting to them.
 warden-agent), `out` (logs), `backend` (gloo or nccl), `python` (the Python with torch)
 and, optionally, `launch`: "rank" (one torchrun per rank, each its own NCCL host; the
 default) or "node" (one torchrun per node with its ranks, as a cluster runs a job), and
-`flush_ms`: the agents' flush interval (default 100 ms; None for the agent's default).
+`flush_ms`: the agents' flush interval (default 100 ms; None for the agent's default),
+and `tail_logs`: the agents follow the jobs' logs (each launch's output, in
+`out/<node>/logs/<job>/`), read each rank's `step N loss X` lines and torchrun's
+failure reports, as they would a job that nothing else reports on.
 """
 
 import json
@@ -121,6 +124,20 @@ class Cluster:
             with open(os.path.join(d, "boot_id"), "w") as f:
                 f.write("boot-%s\n" % node)
             port = free_port()
+            logs = ""
+            if getattr(args, "tail_logs", False):
+                # The node's share of the ranks: torchrun's `[default1]:` prefix is a
+                # local rank, and node-b's local rank 0 is rank ranks/2.
+                offset = NODES.index(node) * (getattr(args, "ranks", 4) // 2)
+                logs = (
+                    "logs:\n  sources:\n"
+                    "    - paths: [\"%s/logs/*/*.log\"]\n"
+                    "      job_from_dir: 1\n      local_rank_offset: %d\n      presets: []\n"
+                    "      patterns:\n        - name: step-loss\n"
+                    "          regex: 'step (?P<step>\\d+) loss (?P<loss>%%NUM%%)'\n"
+                    "          needle: ' loss '\n"
+                    % (d, offset)
+                )
             cfg = os.path.join(d, "agent.yaml")
             with open(cfg, "w") as f:
                 f.write(
@@ -128,10 +145,10 @@ class Cluster:
                     "controller:\n  url: http://127.0.0.1:%d\n%s"
                     "nvml:\n  enabled: %s\n  interval_ms: 1000\n"
                     "kmsg:\n  path: %s\n  boot_id_path: %s\n"
-                    "capture:\n  socket: %s\n  shm_dir: %s\n"
+                    "capture:\n  socket: %s\n  shm_dir: %s\n%s"
                     % (node, port, self.port, flush, "true" if args.backend == "nccl" else "false",
                        os.path.join(d, "kern.log"), os.path.join(d, "boot_id"),
-                       os.path.join(d, "capture.sock"), os.path.join(d, "shm"))
+                       os.path.join(d, "capture.sock"), os.path.join(d, "shm"), logs)
                 )
             procs.start([os.path.join(args.bin, "warden-agent"), "--config", cfg],
                         os.path.join(self.out, "agent-%s.log" % node))
@@ -181,13 +198,17 @@ class Job:
             env.update(extra_env or {})
             if per_node:
                 env.pop("NCCL_HOSTID")
+            # With the logs followed, each line of a rank says its local rank (`--tee`).
+            tee = ["--tee=3"] if getattr(a, "tail_logs", False) else []
             cmd = [a.python, "-m", "torch.distributed.run", "--nnodes=%d" % (2 if per_node else ranks),
                    "--node-rank=%d" % r, "--nproc-per-node=%d" % (ranks // 2 if per_node else 1),
                    "--master-addr=127.0.0.1",
-                   "--master-port=" + master, "--monitor-interval=0.1", TRAIN,
+                   "--master-port=" + master, "--monitor-interval=0.1"] + tee + [TRAIN,
                    "--backend", a.backend, "--pid-dir", self.work] + train_args
             log = ("%s.log" % node) if per_node else ("rank%d.log" % r)
-            p = cluster.procs.start(cmd, os.path.join(self.work, log), env=env, group=True)
+            logs = os.path.join(cluster.out, node, "logs", name)
+            os.makedirs(logs, exist_ok=True)
+            p = cluster.procs.start(cmd, os.path.join(logs, log), env=env, group=True)
             self.launches.append(p)
 
     def step(self):
@@ -241,9 +262,11 @@ class Job:
     def log(self, rank):
         """The log of `rank`'s launch (per node: its node's, every rank of it)."""
         per_node = getattr(self.cluster.args, "launch", "rank") == "node"
-        name = (NODES[0] if rank < self.ranks // 2 else NODES[1]) if per_node else "rank%d" % rank
+        node = NODES[0] if rank < self.ranks // 2 else NODES[1]
+        name = node if per_node else "rank%d" % rank
         try:
-            with open(os.path.join(self.work, name + ".log"), errors="replace") as f:
+            with open(os.path.join(self.cluster.out, node, "logs", self.name, name + ".log"),
+                      errors="replace") as f:
                 return f.read()
         except OSError:
             return ""

@@ -6,7 +6,7 @@
 //! rank 50% slower (straggler), and a clean run with no incident. Beside it, a check of
 //! `warden_torch`'s DDP hook against DDP's built-in all-reduce on two ranks, and the
 //! same faults on the other job shapes (all-reduce by hand, FSDP2, a pipeline) through
-//! `scripts/job-matrix`.
+//! `scripts/job-matrix`, and on jobs nothing captures, found from their logs.
 //!
 //! Needs Python with `torch` in `$WARDEN_VENV` (default `~/.cache/warden/venv`; the
 //! test command installs it). Under CI a missing torch is a failure; elsewhere the test
@@ -428,9 +428,31 @@ fn a_device_work_ends_when_it_ran_not_when_it_was_enqueued() {
 /// (DDP's cases are the test below, on 8 ranks.)
 #[test]
 fn every_job_shape_has_each_fault_found_with_its_culprit() {
-    let Some((py, _turn)) = torch_turn() else {
+    let Some(text) = job_matrix(&["--shapes", "manual,fsdp2,pipeline"]) else {
         return;
     };
+    assert!(text.contains("15 runs, 0 failed"), "{text}");
+}
+
+/// Jobs that nothing captures (no `warden_torch`, no plugin): the agents follow their
+/// logs, and a SIGSTOP is a hang naming the rank and its node once the process group's
+/// timeout fires on the others (and still the one incident after their exits), a kill
+/// -9 a crash naming the killed rank (not the survivor each other node's torchrun
+/// calls its root cause), a NaN a nan naming the rank and step, a clean run nothing.
+/// DDP with four buckets, and the pipeline, whose stages wait on each other by
+/// send/recv and on their data-parallel peers by all-reduce.
+#[test]
+fn a_job_nothing_captures_has_its_hang_crash_and_nan_found_from_its_logs() {
+    let Some(text) = job_matrix(&["--capture", "none", "--shapes", "ddp,pipeline"]) else {
+        return;
+    };
+    assert!(text.contains("8 runs, 0 failed"), "{text}");
+}
+
+/// Run `scripts/job-matrix` with `args` on this build's binaries; its output, once it
+/// passed (`None` where torch is missing outside CI).
+fn job_matrix(args: &[&str]) -> Option<String> {
+    let (py, _turn) = torch_turn()?;
     let agent = Path::new(env!("CARGO_BIN_EXE_warden-agent"));
     let bin = agent.parent().expect("the binaries' folder");
     let controller = controller_bin();
@@ -448,7 +470,7 @@ fn every_job_shape_has_each_fault_found_with_its_culprit() {
         .arg(out.path())
         .arg("--python")
         .arg(&py)
-        .args(["--shapes", "manual,fsdp2,pipeline"])
+        .args(args)
         .env("GLOO_SOCKET_IFNAME", "lo")
         .output()
         .expect("run scripts/job-matrix");
@@ -458,8 +480,8 @@ fn every_job_shape_has_each_fault_found_with_its_culprit() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert!(run.status.success(), "{text}");
-    assert!(text.contains("15 runs, 0 failed"), "{text}");
     eprintln!("{text}");
+    Some(text)
 }
 
 #[test]

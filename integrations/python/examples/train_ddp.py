@@ -60,6 +60,12 @@ def main():
     p.add_argument("--pid-dir", default=None, help="write rank<N>.pid and steps.log here")
     p.add_argument("--pg-timeout-s", type=float, default=120.0)
     p.add_argument("--no-warden", action="store_true", help="train without reporting (overhead baseline)")
+    p.add_argument(
+        "--print-loss",
+        action="store_true",
+        help="every rank with a loss prints 'step N loss X' as each step ends, as plain "
+        "training scripts do (what a log-only Warden reads)",
+    )
     p.add_argument("--checkpoint-dir", default=None, help="save and resume here (Megatron-LM layout)")
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument(
@@ -126,6 +132,7 @@ def main():
         grad_norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1e9)
         opt.step()
         warden_torch.step(step, loss=loss, grad_norm=grad_norm)
+        print_loss(args, step, loss)
         if args.checkpoint_dir and rank == 0 and step % args.checkpoint_every == 0:
             save_checkpoint(args.checkpoint_dir, step, model, opt)
         if steps_log is not None:
@@ -151,6 +158,13 @@ def finish(args, rank, started, first, loss):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def print_loss(args, step, loss):
+    """With --print-loss, this rank's loss of the step just ended (none on a pipeline's
+    first stage, which has no loss)."""
+    if args.print_loss and loss is not None:
+        print("step %d loss %.6f" % (step, float(loss.item())), flush=True)
 
 
 def announce(args, rank):
@@ -247,6 +261,7 @@ def train_shape(args, device, rank, world):
                     p.grad /= world
         opt.step()
         warden_torch.step(step, loss=loss)
+        print_loss(args, step, loss)
         if steps_log is not None:
             steps_log.write("%d %d\n" % (step, time.time_ns()))
             steps_log.flush()
