@@ -414,12 +414,13 @@ impl IncidentBook {
             // timeout fires) or are torn down around it are the hang's victims: their
             // exits are evidence on the hang, which stays open naming the rank that
             // stopped. So is a teardown that takes the hung rank down with the others
-            // (the job killed as a whole: a crash naming ranks beside the hang's). A
-            // crash of the hang's own culprits alone is its root cause (below).
+            // (the job killed as a whole: a crash naming ranks beside the hang's), and
+            // any crash after a hang that names no rank (from logs: only its node, or
+            // nobody). A crash of the hang's own culprits alone is its root cause
+            // (below).
             let victims = |inc: &Incident| {
-                !inc.ranks.is_empty()
-                    && f.onset >= inc.onset
-                    && f.ranks.iter().any(|r| !inc.ranks.contains(r))
+                f.onset >= inc.onset
+                    && (inc.ranks.is_empty() || f.ranks.iter().any(|r| !inc.ranks.contains(r)))
             };
             if let Some(i) = self.unresolved_of(IncidentKind::Hang, &f, victims) {
                 self.extra[i].last_refresh = now;
@@ -1012,6 +1013,20 @@ mod tests {
             "{:#?}",
             inc.evidence
         );
+    }
+
+    #[test]
+    fn a_crash_after_a_hang_from_the_logs_naming_only_its_node_is_evidence_on_it() {
+        let mut b = IncidentBook::default();
+        let hang = finding(IncidentKind::Hang, &[], "node-01", None, 1.0, 0.5);
+        fold(&mut b, 24.0, vec![hang.clone()]);
+        let crash = finding(IncidentKind::Crash, &[1], "node-00", None, 21.2, 0.5);
+        for t in [27.0, 28.0, 40.0] {
+            fold(&mut b, t, vec![hang.clone(), crash.clone()]);
+        }
+        assert_eq!(b.all().len(), 1, "{:#?}", b.all());
+        assert_eq!(b.all()[0].kind, IncidentKind::Hang);
+        assert_eq!(b.all()[0].nodes, vec!["node-01".to_string()]);
     }
 
     #[test]

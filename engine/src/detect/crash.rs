@@ -1,15 +1,18 @@
 //! Crash: a rank's process exited abnormally. When one rank dies its peers fail within
 //! a fraction of a second ("connection closed by peer"), or are terminated by their
-//! launcher (SIGTERM), so the culprit is the first exit that does neither, by skew-corrected time, once a short grace period
-//! has let the other exits arrive. While every exit so far blames a peer, the grace
-//! period runs out in full: the peer's own exit is likely still on its way. Exits that
-//! arrive after remediation asked for the job's restart are that restart, not a crash.
+//! launcher (SIGTERM), so the culprit is the first exit that does neither, by
+//! skew-corrected time, once a short grace period has let the other exits arrive. While
+//! every exit so far blames a peer, the grace period runs out in full: the peer's own
+//! exit is likely still on its way. Exits that arrive after remediation asked for the
+//! job's restart are that restart, not a crash.
 //!
 //! A rank whose log said its collective timed out was waiting for someone else: when
-//! every exit is such a rank's, or one that blames a peer or was terminated (SIGTERM)
-//! beside them (the teardown that follows), the job hung and the ranks gave up, which is the hang detectors' to
-//! tell, so no crash is named. An exit read from the launcher's failure
-//! report (no capture on the job) is believed a little less than an observed one.
+//! every exit is such a rank's, or one that blames a peer or was terminated beside them
+//! (the teardown that follows), the job hung and the ranks gave up. Their crash then
+//! waits a few seconds, so that the hang they gave up on is named first and takes their
+//! exits as evidence (the incident book folds a crash of a hang's victims into the
+//! hang). An exit read from the launcher's failure report (no capture on the job) is
+//! believed a little less than an observed one.
 
 use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
 
@@ -24,6 +27,11 @@ pub struct CrashConfig {
     pub grace_secs: f64,
     /// Exits closer than this are simultaneous (clock uncertainty), seconds.
     pub tie_secs: f64,
+    /// When every exit is a hang's victim's (its rank logged a collective timeout) or
+    /// torn down beside one, wait this long after the first arrived, seconds: the hang
+    /// they gave up on is named first (from the logs, 3 s after the first timeout), and
+    /// their exits become evidence on it.
+    pub victims_secs: f64,
 }
 
 impl Default for CrashConfig {
@@ -31,6 +39,7 @@ impl Default for CrashConfig {
         CrashConfig {
             grace_secs: 1.0,
             tie_secs: 0.005,
+            victims_secs: 5.0,
         }
     }
 }
@@ -57,9 +66,11 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let victim = |r: u32| job.ranks[r as usize].timed_out.is_some();
     if exits.iter().any(|(r, _)| victim(*r))
         && exits.iter().all(|(r, e)| victim(*r) || e.torn_down())
+        && now.secs_since(first_received) < cfg.victims_secs
     {
-        // Ranks gave up waiting, and the rest went down with them: a hang.
-        return vec![];
+        // Ranks gave up waiting, and the rest went down with them: a hang, to be
+        // named before their exits are.
+        return vec![Verdict::NeedMoreData];
     }
     let first_seen = exits.iter().map(|(_, e)| e.at).min().unwrap_or(now);
     let causes: Vec<&(u32, &crate::state::ExitRecord)> = exits
