@@ -125,10 +125,9 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
         nodes.len() == 1 && nodes[0] != crate::state::NO_NODE
     };
     let (culprits, confidence, summary) = if singled {
-        let who = if silent.len() == 1 {
-            w.describe_rank(silent[0])
-        } else {
-            format!("ranks {}", list(&silent))
+        let who = match silent[..] {
+            [one] => w.describe_rank(one),
+            _ => ranks(&silent),
         };
         evidence.push(Evidence {
             at: now,
