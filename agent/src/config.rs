@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
-pub use warden_model::config::{ConfigError, ConfigErrors};
+use warden_config::Loader;
+pub use warden_config::{ConfigError, ConfigErrors, Loaded, Provenance};
 
 use crate::logs::{ConfigError as LogsConfigError, PresetCatalog, TailConfig as LogsConfig};
 
@@ -282,116 +282,75 @@ const MS_BOUNDS: [(&str, u64, u64); 6] = [
     ("nvml.interval_ms", 100, 3_600_000),
 ];
 
-struct Checker {
-    errors: Vec<ConfigError>,
-}
+/// Every top-level key of the file.
+const KEYS: [&str; 8] = [
+    "node_name",
+    "listen",
+    "controller",
+    "nvml",
+    "kmsg",
+    "logs",
+    "log_window",
+    "capture",
+];
 
-impl Checker {
-    fn push(&mut self, origin: &str, field: &str, message: String) {
-        self.errors.push(ConfigError {
-            origin: origin.to_owned(),
-            field: field.to_owned(),
-            message,
-        });
-    }
-
-    fn ms(&mut self, origin: &str, field: &str, value: Option<u64>, into: &mut Duration) {
-        let Some(v) = value else { return };
-        let (lo, hi) = MS_BOUNDS
-            .iter()
-            .find(|(f, ..)| *f == field)
-            .map_or((1, u64::MAX), |&(_, lo, hi)| (lo, hi));
-        if (lo..=hi).contains(&v) {
-            *into = Duration::from_millis(v);
-        } else {
-            self.push(origin, field, format!("{v} is outside {lo}..={hi}"));
-        }
-    }
-
-    fn bytes(&mut self, origin: &str, field: &str, value: Option<u64>, lo: u64, into: &mut usize) {
-        let Some(v) = value else { return };
-        const HI: u64 = 1 << 34;
-        if (lo..=HI).contains(&v) {
-            *into = usize::try_from(v).unwrap_or(usize::MAX);
-        } else {
-            self.push(origin, field, format!("{v} is outside {lo}..={HI}"));
-        }
-    }
-
-    fn listen(&mut self, origin: &str, value: &str) -> Option<SocketAddr> {
-        match value.trim().parse::<SocketAddr>() {
-            Ok(a) => Some(a),
-            Err(e) => {
-                self.push(
-                    origin,
-                    "listen",
-                    format!("{value:?} is not a socket address like {DEFAULT_LISTEN} ({e})"),
-                );
-                None
-            }
-        }
-    }
-
-    fn url(&mut self, origin: &str, value: &str) -> Option<String> {
-        let v = value.trim().trim_end_matches('/');
-        let ok = v
-            .strip_prefix("http://")
-            .or_else(|| v.strip_prefix("https://"))
-            .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace));
-        if ok {
-            Some(v.to_owned())
-        } else {
-            let msg = format!("{value:?} is not a URL like http://warden-controller:9460");
-            self.push(origin, "controller.url", msg);
-            None
-        }
-    }
-
-    fn node_name(&mut self, origin: &str, value: &str) -> Option<String> {
-        let v = value.trim();
-        let ok = !v.is_empty()
-            && v.len() <= warden_model::wire::MAX_NAME_LEN
-            && v.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
-        if ok {
-            Some(v.to_owned())
-        } else {
-            self.push(
-                origin,
-                "node_name",
-                format!(
-                    "{value:?} is not a node name (1 to {} of letters, digits, '-', '.', '_')",
-                    warden_model::wire::MAX_NAME_LEN
-                ),
-            );
-            None
-        }
+/// The bounds of a duration in milliseconds set in the file, as a duration.
+fn ms(l: &mut Loader<'_>, field: &str, value: Option<u64>, into: &mut Duration) {
+    let Some(v) = value else { return };
+    let (lo, hi) = MS_BOUNDS
+        .iter()
+        .find(|(f, ..)| *f == field)
+        .map_or((1, u64::MAX), |&(_, lo, hi)| (lo, hi));
+    let origin = l.file_origin().to_owned();
+    if let Some(v) = l.bounded(&origin, field, v, lo, hi) {
+        *into = Duration::from_millis(v);
     }
 }
 
-/// Deserialize `value` as `T`, naming the path of the first mistake under `prefix`.
-fn section<T: DeserializeOwned>(
-    value: serde_yaml_ng::Value,
-    prefix: &str,
-    origin: &str,
-    errors: &mut Vec<ConfigError>,
-) -> Option<T> {
-    match serde_path_to_error::deserialize::<_, T>(value) {
-        Ok(v) => Some(v),
-        Err(e) => {
-            let path = e.path().to_string();
-            let field = if path == "." || path.is_empty() {
-                prefix.to_owned()
-            } else {
-                format!("{prefix}.{path}")
-            };
-            errors.push(ConfigError {
-                origin: origin.to_owned(),
-                field,
-                message: e.into_inner().to_string(),
-            });
-            None
-        }
+/// A size in bytes set in the file, at least `lo` and at most 16 GiB.
+fn bytes(l: &mut Loader<'_>, field: &str, value: Option<u64>, lo: u64, into: &mut usize) {
+    let Some(v) = value else { return };
+    let origin = l.file_origin().to_owned();
+    if let Some(v) = l.bounded(&origin, field, v, lo, 1 << 34) {
+        *into = usize::try_from(v).unwrap_or(usize::MAX);
+    }
+}
+
+fn listen(value: &String) -> Result<SocketAddr, String> {
+    value
+        .trim()
+        .parse::<SocketAddr>()
+        .map_err(|e| format!("{value:?} is not a socket address like {DEFAULT_LISTEN} ({e})"))
+}
+
+fn url(value: &String) -> Result<String, String> {
+    let v = value.trim().trim_end_matches('/');
+    let ok = v
+        .strip_prefix("http://")
+        .or_else(|| v.strip_prefix("https://"))
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace));
+    if ok {
+        Ok(v.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a URL like http://warden-controller:9460"
+        ))
+    }
+}
+
+fn node_name(value: &String) -> Result<String, String> {
+    let v = value.trim();
+    let ok = !v.is_empty()
+        && v.len() <= warden_model::wire::MAX_NAME_LEN
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+    if ok {
+        Ok(v.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a node name (1 to {} of letters, digits, '-', '.', '_')",
+            warden_model::wire::MAX_NAME_LEN
+        ))
     }
 }
 
@@ -399,7 +358,9 @@ impl ConfigFile {
     /// Parse a YAML document; each top-level section is checked on its own so one
     /// mistake does not hide the next.
     pub fn from_yaml(text: &str, origin: &str) -> Result<ConfigFile, ConfigErrors> {
-        let (file, errors) = Self::parse_partial(text, origin);
+        let mut loader = Loader::from_text(text, origin, |_| None);
+        let file = ConfigFile::read(&mut loader);
+        let errors = loader.into_errors();
         if errors.is_empty() {
             Ok(file)
         } else {
@@ -407,57 +368,19 @@ impl ConfigFile {
         }
     }
 
-    fn parse_partial(text: &str, origin: &str) -> (ConfigFile, Vec<ConfigError>) {
-        let mut errors = Vec::new();
-        let doc: serde_yaml_ng::Value = match serde_yaml_ng::from_str(text) {
-            Ok(d) => d,
-            Err(e) => {
-                errors.push(ConfigError {
-                    origin: origin.to_owned(),
-                    field: String::new(),
-                    message: e.to_string(),
-                });
-                return (ConfigFile::default(), errors);
-            }
+    fn read(l: &mut Loader<'_>) -> ConfigFile {
+        let file = ConfigFile {
+            node_name: l.section("node_name"),
+            listen: l.section("listen"),
+            controller: l.section("controller"),
+            nvml: l.section("nvml"),
+            kmsg: l.section("kmsg"),
+            logs: l.section("logs"),
+            log_window: l.section("log_window"),
+            capture: l.section("capture"),
         };
-        let mapping = match doc {
-            serde_yaml_ng::Value::Null => return (ConfigFile::default(), errors),
-            serde_yaml_ng::Value::Mapping(m) => m,
-            _ => {
-                errors.push(ConfigError {
-                    origin: origin.to_owned(),
-                    field: String::new(),
-                    message: "expected a mapping of settings at the top level".into(),
-                });
-                return (ConfigFile::default(), errors);
-            }
-        };
-        let mut out = ConfigFile::default();
-        for (key, value) in mapping {
-            let name = match &key {
-                serde_yaml_ng::Value::String(s) => s.clone(),
-                other => format!("{other:?}"),
-            };
-            let e = &mut errors;
-            match name.as_str() {
-                "node_name" => out.node_name = section(value, &name, origin, e),
-                "listen" => out.listen = section(value, &name, origin, e),
-                "controller" => out.controller = section(value, &name, origin, e),
-                "nvml" => out.nvml = section(value, &name, origin, e),
-                "kmsg" => out.kmsg = section(value, &name, origin, e),
-                "logs" => out.logs = section(value, &name, origin, e),
-                "log_window" => out.log_window = section(value, &name, origin, e),
-                "capture" => out.capture = section(value, &name, origin, e),
-                _ => errors.push(ConfigError {
-                    origin: origin.to_owned(),
-                    field: name.clone(),
-                    message: "unknown field, expected one of node_name, listen, controller, \
-                              nvml, kmsg, logs, log_window, capture"
-                        .into(),
-                }),
-            }
-        }
-        (out, errors)
+        l.unknown_keys(&KEYS);
+        file
     }
 }
 
@@ -480,110 +403,95 @@ impl AgentConfig {
         flags: &Overrides,
         fallback_node_name: Option<String>,
     ) -> Result<AgentConfig, ConfigErrors> {
-        let mut errors = Vec::new();
-        let parsed = match file {
-            None => ConfigFile::default(),
-            Some(path) => {
-                let origin = path.display().to_string();
-                match std::fs::read_to_string(path) {
-                    Ok(text) => {
-                        let (f, errs) = ConfigFile::parse_partial(&text, &origin);
-                        errors.extend(errs);
-                        f
-                    }
-                    Err(e) => {
-                        errors.push(ConfigError {
-                            origin,
-                            field: String::new(),
-                            message: format!("cannot read the file: {e}"),
-                        });
-                        ConfigFile::default()
-                    }
-                }
-            }
-        };
-        let fo = file.map_or_else(String::new, |p| p.display().to_string());
+        Self::load_traced(file, env, flags, fallback_node_name).map(|l| l.config)
+    }
+
+    /// [`AgentConfig::load`], with where each setting given came from.
+    pub fn load_traced(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        flags: &Overrides,
+        fallback_node_name: Option<String>,
+    ) -> Result<Loaded<AgentConfig>, ConfigErrors> {
+        let mut l = Loader::new(file, env);
+        let parsed = ConfigFile::read(&mut l);
+        let fo = l.file_origin().to_owned();
         let fo = fo.as_str();
-        let mut c = Checker { errors };
 
-        // Node name: flag (or NODE_NAME through the flag), WARDEN_NODE_NAME, file,
-        // hostname.
-        let node_name = if let Some(n) = &flags.node_name {
-            c.node_name("flag --node-name", n)
-        } else if let Some(n) = env("WARDEN_NODE_NAME") {
-            c.node_name("environment WARDEN_NODE_NAME", &n)
-        } else if let Some(n) = &parsed.node_name {
-            c.node_name(fo, n)
-        } else if let Some(n) = fallback_node_name {
-            c.node_name("hostname", &n)
-        } else {
-            c.push(
-                "defaults",
-                "node_name",
-                "no node name: pass --node-name or set NODE_NAME".into(),
-            );
-            None
+        // Node name: the hostname, the file, WARDEN_NODE_NAME, then the flag (or
+        // NODE_NAME through the flag).
+        let mut sources = vec![("hostname".to_owned(), fallback_node_name)];
+        sources.extend(l.sources(
+            parsed.node_name.clone(),
+            Some("WARDEN_NODE_NAME"),
+            Some(("--node-name", flags.node_name.clone())),
+        ));
+        // Only the layer that decides is checked: a bad hostname under a good flag is
+        // no mistake.
+        let decided = sources.into_iter().rev().find(|(_, v)| v.is_some());
+        let node_name = match decided {
+            Some(source) => l.layer("node_name", [source], node_name),
+            None => {
+                l.push(
+                    "defaults",
+                    "node_name",
+                    "no node name: pass --node-name or set NODE_NAME",
+                );
+                None
+            }
         };
 
-        let mut listen = SocketAddr::from(([127, 0, 0, 1], 9461));
-        for (origin, v) in [
-            (fo, parsed.listen.clone()),
-            ("environment WARDEN_LISTEN", env("WARDEN_LISTEN")),
-            ("flag --listen", flags.listen.clone()),
-        ] {
-            if let Some(a) = v.and_then(|v| c.listen(origin, &v)) {
-                listen = a;
-            }
-        }
+        let sources = l.sources(
+            parsed.listen.clone(),
+            Some("WARDEN_LISTEN"),
+            Some(("--listen", flags.listen.clone())),
+        );
+        let listen = l
+            .layer("listen", sources, listen)
+            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 9461)));
 
         let cf = parsed.controller.clone().unwrap_or_default();
         let mut ship = ShipConfig::default();
-        for (origin, v) in [
-            (fo, cf.url.clone()),
-            (
-                "environment WARDEN_CONTROLLER_URL",
-                env("WARDEN_CONTROLLER_URL"),
-            ),
-            ("flag --controller-url", flags.controller_url.clone()),
-        ] {
-            if let Some(u) = v.and_then(|v| c.url(origin, &v)) {
-                ship.url = Some(u);
-            }
-        }
+        let sources = l.sources(
+            cf.url.clone(),
+            Some("WARDEN_CONTROLLER_URL"),
+            Some(("--controller-url", flags.controller_url.clone())),
+        );
+        ship.url = l.layer("controller.url", sources, url);
         ship.token_file = cf.token_file.clone();
         ship.ca_file = cf.ca_file.clone();
-        c.ms(
-            fo,
+        ms(
+            &mut l,
             "controller.flush_interval_ms",
             cf.flush_interval_ms,
             &mut ship.flush_interval,
         );
-        c.ms(
-            fo,
+        ms(
+            &mut l,
             "controller.heartbeat_interval_ms",
             cf.heartbeat_interval_ms,
             &mut ship.heartbeat_interval,
         );
-        c.ms(
-            fo,
+        ms(
+            &mut l,
             "controller.request_timeout_ms",
             cf.request_timeout_ms,
             &mut ship.request_timeout,
         );
-        c.ms(
-            fo,
+        ms(
+            &mut l,
             "controller.backoff_initial_ms",
             cf.backoff_initial_ms,
             &mut ship.backoff_initial,
         );
-        c.ms(
-            fo,
+        ms(
+            &mut l,
             "controller.backoff_max_ms",
             cf.backoff_max_ms,
             &mut ship.backoff_max,
         );
-        c.bytes(
-            fo,
+        bytes(
+            &mut l,
             "controller.buffer_max_bytes",
             cf.buffer_max_bytes,
             64 << 10,
@@ -593,7 +501,7 @@ impl AgentConfig {
             ship.max_log_lines_per_sec = n;
         }
         if ship.backoff_max < ship.backoff_initial {
-            c.push(
+            l.push(
                 fo,
                 "controller.backoff_max_ms",
                 format!(
@@ -611,12 +519,17 @@ impl AgentConfig {
             dcgm_compat: nf.dcgm_compat.unwrap_or(false),
             ..NvmlConfig::default()
         };
-        c.ms(fo, "nvml.interval_ms", nf.interval_ms, &mut nvml.interval);
+        ms(
+            &mut l,
+            "nvml.interval_ms",
+            nf.interval_ms,
+            &mut nvml.interval,
+        );
         if let Some(t) = nf.temperature_warn_c {
             if t.is_finite() && (20.0..=150.0).contains(&t) {
                 nvml.temperature_warn_c = t;
             } else {
-                c.push(
+                l.push(
                     fo,
                     "nvml.temperature_warn_c",
                     format!("{t} is outside 20..=150"),
@@ -635,16 +548,10 @@ impl AgentConfig {
         if let Some(p) = kf.boot_id_path {
             kmsg.boot_id_path = p;
         }
-        if let Some(n) = kf.max_distinct_events {
-            if (1..=1 << 20).contains(&n) {
-                kmsg.max_distinct_events = n;
-            } else {
-                c.push(
-                    fo,
-                    "kmsg.max_distinct_events",
-                    format!("{n} is outside 1..={}", 1 << 20),
-                );
-            }
+        if let Some(n) = kf.max_distinct_events
+            && let Some(n) = l.bounded(fo, "kmsg.max_distinct_events", n, 1, 1 << 20)
+        {
+            kmsg.max_distinct_events = n;
         }
 
         let logs = parsed.logs.clone().unwrap_or_default();
@@ -655,18 +562,18 @@ impl AgentConfig {
                     // Each problem starts with the field it concerns: `sources[0].paths: ...`.
                     match p.split_once(": ") {
                         Some((field, msg)) if !field.contains(' ') => {
-                            c.push(fo, &format!("logs.{field}"), msg.to_owned());
+                            l.push(fo, &format!("logs.{field}"), msg);
                         }
-                        _ => c.push(fo, "logs", p),
+                        _ => l.push(fo, "logs", p),
                     }
                 }
             }
-            Err(LogsConfigError::Parse(p)) => c.push(fo, "logs", p),
+            Err(LogsConfigError::Parse(p)) => l.push(fo, "logs", p),
         }
 
         let mut log_window_bytes = 4 << 20;
-        c.bytes(
-            fo,
+        bytes(
+            &mut l,
             "log_window.max_bytes",
             parsed.log_window.as_ref().and_then(|w| w.max_bytes),
             0,
@@ -678,22 +585,18 @@ impl AgentConfig {
             enabled: capf.enabled.unwrap_or(true),
             ..CaptureConfig::default()
         };
-        if let Some(p) = env("WARDEN_AGENT_SOCKET")
-            .map(PathBuf::from)
-            .or(capf.socket)
-        {
+        let sources = l.sources(capf.socket.clone(), Some("WARDEN_AGENT_SOCKET"), None);
+        if let Some(p) = l.layer("capture.socket", sources, |p: &PathBuf| {
             if p.is_absolute() && p.as_os_str().len() < 100 {
-                capture.socket = p;
+                Ok(p.clone())
             } else {
-                c.push(
-                    fo,
-                    "capture.socket",
-                    format!(
-                        "{} must be an absolute path shorter than 100 bytes (a Unix socket address)",
-                        p.display()
-                    ),
-                );
+                Err(format!(
+                    "{} must be an absolute path shorter than 100 bytes (a Unix socket address)",
+                    p.display()
+                ))
             }
+        }) {
+            capture.socket = p;
         }
         if let Some(p) = capf.proc_root {
             capture.proc_root = p;
@@ -702,9 +605,9 @@ impl AgentConfig {
             capture.shm_dir = p;
         }
 
-        match node_name {
-            Some(node_name) if c.errors.is_empty() => Ok(AgentConfig {
-                node_name,
+        l.finish(|| {
+            Some(AgentConfig {
+                node_name: node_name?,
                 listen,
                 ship,
                 nvml,
@@ -712,9 +615,8 @@ impl AgentConfig {
                 logs,
                 log_window_bytes,
                 capture,
-            }),
-            _ => Err(ConfigErrors(c.errors)),
-        }
+            })
+        })
     }
 }
 

@@ -77,13 +77,13 @@ fn main() -> ExitCode {
         listen: args.listen.clone(),
         controller_url: args.controller_url.clone(),
     };
-    let config = match AgentConfig::load(
+    let (config, provenance) = match AgentConfig::load_traced(
         args.config.as_deref(),
         |k| std::env::var(k).ok(),
         &overrides,
         hostname(),
     ) {
-        Ok(c) => c,
+        Ok(c) => (c.config, c.provenance),
         Err(errors) => {
             eprintln!("warden-agent: {errors}");
             return ExitCode::from(EXIT_CONFIG);
@@ -91,8 +91,11 @@ fn main() -> ExitCode {
     };
     if args.check_config {
         println!("{config:#?}");
+        println!("# given: {provenance}");
         return ExitCode::SUCCESS;
     }
+    // Names and origins only: values can be secrets.
+    tracing::info!(settings = %provenance, "configuration loaded");
     // While the process has one thread: open what may need a capability, then give up
     // every capability for good (warden_agent::privilege).
     let preopened = privilege::preopen(&config, warden_agent::ship::wall_ns());

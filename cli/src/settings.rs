@@ -100,25 +100,21 @@ impl FileValues {
             return Ok(FileValues::default());
         }
         // Parsed as a generic value first: a typed parse would quote a mistyped token
-        // back in its error message.
-        let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(text)
-            .map_err(|e| at(format!("not valid YAML{}", location(&e))))?;
+        // back in its error message (and the YAML reader never quotes the source).
+        let value: serde_json::Value =
+            warden_config::parse_yaml(text).map_err(|e| at(format!("not valid YAML{}", e.at())))?;
         let map = match value {
-            serde_yaml_ng::Value::Mapping(m) => m,
-            serde_yaml_ng::Value::Null => return Ok(FileValues::default()),
+            serde_json::Value::Object(m) => m,
+            serde_json::Value::Null => return Ok(FileValues::default()),
             _ => return Err(at("expected a mapping of `key: value` lines".into())),
         };
         let mut out = FileValues::default();
         let mut problems = vec![];
         for (key, value) in map {
-            let Some(key) = key.as_str().map(str::to_owned) else {
-                problems.push("a key that is not a string".to_owned());
-                continue;
-            };
             let text = match &value {
-                serde_yaml_ng::Value::String(s) => Some(s.trim().to_owned()),
-                serde_yaml_ng::Value::Number(n) if key == "token" => Some(n.to_string()),
-                serde_yaml_ng::Value::Null => None,
+                serde_json::Value::String(s) => Some(s.trim().to_owned()),
+                serde_json::Value::Number(n) if key == "token" => Some(n.to_string()),
+                serde_json::Value::Null => None,
                 _ => {
                     problems.push(format!("`{key}` must be a string"));
                     continue;
@@ -157,13 +153,6 @@ impl FileValues {
         })?;
         Self::parse(&text, path, home)
     }
-}
-
-/// ` at line L column C` of a YAML error, or nothing.
-fn location(e: &serde_yaml_ng::Error) -> String {
-    e.location().map_or_else(String::new, |l| {
-        format!(" at line {} column {}", l.line(), l.column())
-    })
 }
 
 /// `~/x` under `home`; a relative path under the config file's directory.

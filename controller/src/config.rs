@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-pub use warden_model::config::{ConfigError, ConfigErrors};
+pub use warden_config::{ConfigError, ConfigErrors, Loaded, Provenance};
+use warden_config::{Loader, whole};
 
 use crate::api::DEFAULT_MAX_BATCH_BYTES;
 use crate::diagnosis::DiagnosisConfig;
@@ -134,11 +135,29 @@ impl Default for ControllerConfig {
     }
 }
 
+/// Every top-level key of the file.
+const KEYS: [&str; 12] = [
+    "listen",
+    "max_batch_bytes",
+    "tick_interval_ms",
+    "diagnosis",
+    "data_dir",
+    "database_url",
+    "tokens_file",
+    "alerts",
+    "advertise_url",
+    "tls",
+    "traces",
+    "remediation",
+];
+
 impl ConfigFile {
     /// Parse a YAML document. Every unknown field and every ill-typed value is reported,
     /// not only the first one.
     pub fn from_yaml(text: &str, origin: &str) -> Result<ConfigFile, ConfigErrors> {
-        let (file, errors) = Self::parse_partial(text, origin);
+        let mut loader = Loader::from_text(text, origin, |_| None);
+        let file = ConfigFile::read(&mut loader);
+        let errors = loader.into_errors();
         if errors.is_empty() {
             Ok(file)
         } else {
@@ -146,89 +165,43 @@ impl ConfigFile {
         }
     }
 
-    /// The fields that parsed, and an error for each one that did not.
-    fn parse_partial(text: &str, origin: &str) -> (ConfigFile, Vec<ConfigError>) {
-        let err = |field: String, message: String| ConfigError {
-            origin: origin.to_owned(),
-            field,
-            message,
+    /// The file's sections, each checked on its own so that one mistake does not hide
+    /// the next; unknown keys are mistakes.
+    fn read(l: &mut Loader<'_>) -> ConfigFile {
+        let file = ConfigFile {
+            listen: l.section("listen"),
+            max_batch_bytes: l.section("max_batch_bytes"),
+            tick_interval_ms: l.section("tick_interval_ms"),
+            diagnosis: l.section("diagnosis"),
+            data_dir: l.section("data_dir"),
+            database_url: l.section("database_url"),
+            tokens_file: l.section("tokens_file"),
+            alerts: l.section("alerts"),
+            advertise_url: l.section("advertise_url"),
+            tls: l.section("tls"),
+            traces: l.section("traces"),
+            remediation: l.section("remediation"),
         };
-        let doc: serde_yaml_ng::Value = match serde_yaml_ng::from_str(text) {
-            Ok(d) => d,
-            Err(e) => {
-                return (
-                    ConfigFile::default(),
-                    vec![err(String::new(), e.to_string())],
-                );
-            }
-        };
-        let mapping = match doc {
-            serde_yaml_ng::Value::Null => return (ConfigFile::default(), vec![]),
-            serde_yaml_ng::Value::Mapping(m) => m,
-            _ => {
-                let msg = "expected a mapping of settings at the top level".to_owned();
-                return (ConfigFile::default(), vec![err(String::new(), msg)]);
-            }
-        };
-        // Check each entry on its own, so one mistake does not hide the next.
-        let mut errors = Vec::new();
-        let mut out = ConfigFile::default();
-        for (key, value) in mapping {
-            let name = match &key {
-                serde_yaml_ng::Value::String(s) => s.clone(),
-                other => format!("{other:?}"),
-            };
-            let mut single = serde_yaml_ng::Mapping::new();
-            single.insert(key, value);
-            let parsed: Result<ConfigFile, _> =
-                serde_path_to_error::deserialize(serde_yaml_ng::Value::Mapping(single));
-            match parsed {
-                Ok(one) => {
-                    out.listen = one.listen.or(out.listen);
-                    out.max_batch_bytes = one.max_batch_bytes.or(out.max_batch_bytes);
-                    out.tick_interval_ms = one.tick_interval_ms.or(out.tick_interval_ms);
-                    out.diagnosis = one.diagnosis.or(out.diagnosis);
-                    out.data_dir = one.data_dir.or(out.data_dir);
-                    out.database_url = one.database_url.or(out.database_url);
-                    out.tokens_file = one.tokens_file.or(out.tokens_file);
-                    out.alerts = one.alerts.or(out.alerts);
-                    out.advertise_url = one.advertise_url.or(out.advertise_url);
-                    out.tls = one.tls.or(out.tls);
-                    out.traces = one.traces.or(out.traces);
-                    out.remediation = one.remediation.or(out.remediation);
-                }
-                Err(e) => errors.push(err(name, e.into_inner().to_string())),
-            }
-        }
-        (out, errors)
+        l.unknown_keys(&KEYS);
+        file
     }
 }
 
-fn parse_listen(value: &str, origin: &str, errors: &mut Vec<ConfigError>) -> Option<SocketAddr> {
-    match value.trim().parse::<SocketAddr>() {
-        Ok(a) => Some(a),
-        Err(e) => {
-            errors.push(ConfigError {
-                origin: origin.to_owned(),
-                field: "listen".into(),
-                message: format!("{value:?} is not a socket address like 127.0.0.1:9460 ({e})"),
-            });
-            None
-        }
-    }
+/// A socket address like `127.0.0.1:9460`.
+fn parse_listen(value: &String) -> Result<SocketAddr, String> {
+    value
+        .trim()
+        .parse::<SocketAddr>()
+        .map_err(|e| format!("{value:?} is not a socket address like {DEFAULT_LISTEN} ({e})"))
 }
 
-fn parse_u64(value: &str, field: &str, origin: &str, errors: &mut Vec<ConfigError>) -> Option<u64> {
-    match value.trim().parse::<u64>() {
-        Ok(n) => Some(n),
-        Err(e) => {
-            errors.push(ConfigError {
-                origin: origin.to_owned(),
-                field: field.into(),
-                message: format!("{value:?} is not a whole number ({e})"),
-            });
-            None
-        }
+/// A whole number within `lo..=hi`.
+fn whole_within(value: &String, lo: u64, hi: u64) -> Result<u64, String> {
+    let n = whole(value)?;
+    if (lo..=hi).contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("{n} is outside {lo}..={hi}"))
     }
 }
 
@@ -241,194 +214,139 @@ impl ControllerConfig {
         env: impl Fn(&str) -> Option<String>,
         flags: &Overrides,
     ) -> Result<ControllerConfig, ConfigErrors> {
-        let mut errors = Vec::new();
-        let parsed = match file {
-            None => ConfigFile::default(),
-            Some(path) => {
-                let origin = path.display().to_string();
-                match std::fs::read_to_string(path) {
-                    Ok(text) => {
-                        let (file, file_errors) = ConfigFile::parse_partial(&text, &origin);
-                        errors.extend(file_errors);
-                        file
-                    }
-                    Err(e) => {
-                        errors.push(ConfigError {
-                            origin,
-                            field: String::new(),
-                            message: format!("cannot read the file: {e}"),
-                        });
-                        ConfigFile::default()
-                    }
-                }
-            }
-        };
-        let file_origin = file.map_or_else(String::new, |p| p.display().to_string());
+        Self::load_traced(file, env, flags).map(|l| l.config)
+    }
+
+    /// [`ControllerConfig::load`], with where each setting given came from.
+    pub fn load_traced(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<Loaded<ControllerConfig>, ConfigErrors> {
+        let mut l = Loader::new(file, env);
+        let parsed = ConfigFile::read(&mut l);
+        let fo = l.file_origin().to_owned();
         let mut cfg = ControllerConfig {
-            store: StoreLocation::Dir(default_data_dir(&env)),
+            store: StoreLocation::Dir(default_data_dir(&|k: &str| l.env(k))),
             ..ControllerConfig::default()
         };
-        // Store and tokens: flag, then environment, then file.
-        let data_dir = flags
-            .data_dir
-            .clone()
-            .or_else(|| env("WARDEN_DATA_DIR").map(PathBuf::from))
-            .or_else(|| parsed.data_dir.clone());
-        let (url, url_origin) = match (&flags.database_url, env("WARDEN_DATABASE_URL")) {
-            (Some(u), _) => (Some(u.clone()), "flag --database-url".to_owned()),
-            (None, Some(u)) => (Some(u), "environment WARDEN_DATABASE_URL".to_owned()),
-            (None, None) => (parsed.database_url.clone(), file_origin.clone()),
-        };
-        match url {
-            Some(u)
-                if !(u.starts_with("postgres://")
-                    || u.starts_with("postgresql://")
-                    || u.starts_with("sqlite:")) =>
+
+        // The store: a database URL (flag, environment, file), else a data directory.
+        let sources = l.sources(
+            parsed.data_dir.clone(),
+            Some("WARDEN_DATA_DIR"),
+            Some(("--data-dir", flags.data_dir.clone())),
+        );
+        let data_dir = l.layer("data_dir", sources, |d: &PathBuf| Ok(d.clone()));
+        let sources = l.sources(
+            parsed.database_url.clone(),
+            Some("WARDEN_DATABASE_URL"),
+            Some(("--database-url", flags.database_url.clone())),
+        );
+        let url = l.layer("database_url", sources, |u: &String| {
+            if u.starts_with("postgres://")
+                || u.starts_with("postgresql://")
+                || u.starts_with("sqlite:")
             {
-                errors.push(ConfigError {
-                    origin: url_origin,
-                    field: "database_url".into(),
-                    message: "expected postgres://USER@HOST:PORT/DB or sqlite://PATH".into(),
-                });
+                Ok(u.clone())
+            } else {
+                Err("expected postgres://USER@HOST:PORT/DB or sqlite://PATH".into())
             }
-            Some(u) => cfg.store = StoreLocation::Url(u),
-            None => {
-                if let Some(d) = data_dir {
-                    cfg.store = StoreLocation::Dir(d);
-                }
-            }
+        });
+        match (url, data_dir) {
+            (Some(u), _) => cfg.store = StoreLocation::Url(u),
+            (None, Some(d)) => cfg.store = StoreLocation::Dir(d),
+            (None, None) => {}
         }
-        cfg.advertise_url = env("WARDEN_ADVERTISE_URL").or_else(|| parsed.advertise_url.clone());
-        if let Some(u) = &cfg.advertise_url {
+        let sources = l.sources(
+            parsed.advertise_url.clone(),
+            Some("WARDEN_ADVERTISE_URL"),
+            None,
+        );
+        cfg.advertise_url = l.layer("advertise_url", sources, |u: &String| {
             let rest = u
                 .strip_prefix("http://")
                 .or_else(|| u.strip_prefix("https://"));
             if rest.is_none_or(str::is_empty) {
-                errors.push(ConfigError {
-                    origin: file_origin.clone(),
-                    field: "advertise_url".into(),
-                    message: format!("{u:?} is not an http:// or https:// base URL"),
-                });
+                Err(format!("{u:?} is not an http:// or https:// base URL"))
+            } else {
+                Ok(u.clone())
             }
-        }
+        });
+        let sources = l.sources(
+            parsed.tokens_file.clone(),
+            Some("WARDEN_TOKENS_FILE"),
+            Some(("--tokens-file", flags.tokens_file.clone())),
+        );
+        cfg.tokens_file = l.layer("tokens_file", sources, |p: &PathBuf| Ok(p.clone()));
+
+        // Sections checked as a whole.
         cfg.tls = parsed.tls.clone();
+        let mut problems = Vec::new();
         if let Some(t) = &parsed.traces {
-            for (field, message) in t.problems() {
-                errors.push(ConfigError {
-                    origin: file_origin.clone(),
-                    field,
-                    message,
-                });
-            }
+            problems.extend(t.problems());
             cfg.traces = t.clone();
         }
         if let Some(r) = &parsed.remediation {
-            for (field, message) in r.problems() {
-                errors.push(ConfigError {
-                    origin: file_origin.clone(),
-                    field,
-                    message,
-                });
-            }
+            problems.extend(r.problems());
             cfg.remediation = r.clone();
         }
-        cfg.tokens_file = flags
-            .tokens_file
-            .clone()
-            .or_else(|| env("WARDEN_TOKENS_FILE").map(PathBuf::from))
-            .or_else(|| parsed.tokens_file.clone());
-
-        // The file.
-        if let Some(l) = &parsed.listen
-            && let Some(a) = parse_listen(l, &file_origin, &mut errors)
-        {
-            cfg.listen = a;
-        }
-        let mut batch_origin = file_origin.clone();
-        let mut batch = parsed.max_batch_bytes;
-        let mut tick_origin = file_origin.clone();
-        let mut tick = parsed.tick_interval_ms;
-
         if let Some(d) = &parsed.diagnosis {
-            for (field, message) in d.problems() {
-                errors.push(ConfigError {
-                    origin: file_origin.clone(),
-                    field,
-                    message,
-                });
-            }
+            problems.extend(d.problems());
             cfg.diagnosis = d.clone();
         }
-
+        for (field, message) in problems {
+            l.push(&fo, &field, message);
+        }
         if let Some(a) = &parsed.alerts {
-            errors.extend(a.validate(&file_origin, "alerts"));
+            for e in a.validate(&fo, "alerts") {
+                l.push(&e.origin, &e.field, e.message);
+            }
             cfg.alerts = a.clone();
         }
 
-        // The environment.
-        if let Some(v) = env("WARDEN_LISTEN")
-            && let Some(a) = parse_listen(&v, "environment WARDEN_LISTEN", &mut errors)
-        {
+        // Settings of their own.
+        let sources = l.sources(
+            parsed.listen.clone(),
+            Some("WARDEN_LISTEN"),
+            Some(("--listen", flags.listen.clone())),
+        );
+        if let Some(a) = l.layer("listen", sources, parse_listen) {
             cfg.listen = a;
         }
-        if let Some(v) = env("WARDEN_MAX_BATCH_BYTES") {
-            batch_origin = "environment WARDEN_MAX_BATCH_BYTES".into();
-            batch = parse_u64(&v, "max_batch_bytes", &batch_origin, &mut errors).or(batch);
+        let sources = l.sources(
+            parsed.max_batch_bytes.map(|n| n.to_string()),
+            Some("WARDEN_MAX_BATCH_BYTES"),
+            None,
+        );
+        if let Some(b) = l.layer("max_batch_bytes", sources, |v| {
+            whole_within(v, 1, MAX_MAX_BATCH_BYTES)
+        }) {
+            cfg.max_batch_bytes = usize::try_from(b).unwrap_or(usize::MAX);
         }
-        if let Some(v) = env("WARDEN_TICK_INTERVAL_MS") {
-            tick_origin = "environment WARDEN_TICK_INTERVAL_MS".into();
-            tick = parse_u64(&v, "tick_interval_ms", &tick_origin, &mut errors).or(tick);
-        }
-
-        // The flags.
-        if let Some(l) = &flags.listen
-            && let Some(a) = parse_listen(l, "flag --listen", &mut errors)
-        {
-            cfg.listen = a;
-        }
-
-        // Ranges.
-        if let Some(b) = batch {
-            if b == 0 || b > MAX_MAX_BATCH_BYTES {
-                errors.push(ConfigError {
-                    origin: batch_origin,
-                    field: "max_batch_bytes".into(),
-                    message: format!("{b} is outside 1..={MAX_MAX_BATCH_BYTES}"),
-                });
-            } else {
-                cfg.max_batch_bytes = usize::try_from(b).unwrap_or(usize::MAX);
-            }
-        }
-        if let Some(t) = tick {
-            if !(MIN_TICK_INTERVAL_MS..=MAX_TICK_INTERVAL_MS).contains(&t) {
-                errors.push(ConfigError {
-                    origin: tick_origin,
-                    field: "tick_interval_ms".into(),
-                    message: format!(
-                        "{t} is outside {MIN_TICK_INTERVAL_MS}..={MAX_TICK_INTERVAL_MS}"
-                    ),
-                });
-            } else {
-                cfg.tick_interval_ms = t;
-            }
+        let sources = l.sources(
+            parsed.tick_interval_ms.map(|n| n.to_string()),
+            Some("WARDEN_TICK_INTERVAL_MS"),
+            None,
+        );
+        if let Some(t) = l.layer("tick_interval_ms", sources, |v| {
+            whole_within(v, MIN_TICK_INTERVAL_MS, MAX_TICK_INTERVAL_MS)
+        }) {
+            cfg.tick_interval_ms = t;
         }
         if cfg.tokens_file.is_none() && !cfg.listen.ip().is_loopback() {
-            errors.push(ConfigError {
-                origin: "listen".into(),
-                field: "tokens_file".into(),
-                message: format!(
+            l.push(
+                "listen",
+                "tokens_file",
+                format!(
                     "the API listens on {}, beyond this host, so it needs a token file \
                      (tokens_file, WARDEN_TOKENS_FILE or --tokens-file); make one with \
                      `warden-controller token`",
                     cfg.listen
                 ),
-            });
+            );
         }
-        if errors.is_empty() {
-            Ok(cfg)
-        } else {
-            Err(ConfigErrors(errors))
-        }
+        l.finish(|| Some(cfg))
     }
 }
 
@@ -599,10 +517,20 @@ mod tests {
         let env = |k: &str| (k == "WARDEN_TICK_INTERVAL_MS").then(|| "fast".to_owned());
         let path = write("bad-listen.yaml", "listen: ':::'\nmax_batch_bytes: 0\n");
         let errs = ControllerConfig::load(Some(&path), env, &flags).expect_err("must fail");
-        let fields: Vec<_> = errs.0.iter().map(|e| e.field.as_str()).collect();
+        let mut found: Vec<_> = errs
+            .0
+            .iter()
+            .map(|e| (e.field.as_str(), e.origin.rsplit('/').next().unwrap_or("")))
+            .collect();
+        found.sort_unstable();
         assert_eq!(
-            fields,
-            ["listen", "tick_interval_ms", "listen", "max_batch_bytes"],
+            found,
+            [
+                ("listen", "bad-listen.yaml"),
+                ("listen", "flag --listen"),
+                ("max_batch_bytes", "bad-listen.yaml"),
+                ("tick_interval_ms", "environment WARDEN_TICK_INTERVAL_MS"),
+            ],
             "{errs}"
         );
     }

@@ -158,12 +158,12 @@ fn main() -> ExitCode {
         database_url: args.database_url.clone(),
         tokens_file: args.tokens_file.clone(),
     };
-    let config = match ControllerConfig::load(
+    let (config, provenance) = match ControllerConfig::load_traced(
         args.config.as_deref(),
         |k| std::env::var(k).ok(),
         &overrides,
     ) {
-        Ok(c) => c,
+        Ok(c) => (c.config, c.provenance),
         Err(errors) => {
             eprintln!("warden-controller: {errors}");
             return ExitCode::from(EXIT_CONFIG);
@@ -219,6 +219,8 @@ fn main() -> ExitCode {
         }
     };
     init_logging(args.log_format, traces.as_ref());
+    // Names and origins only: values can be secrets (a database URL).
+    tracing::info!(settings = %provenance, "configuration loaded");
     if traces.is_some() {
         tracing::info!("sending traces of the incident pipeline over OTLP");
     }

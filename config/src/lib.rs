@@ -1,0 +1,15 @@
+//! Layered configuration of Warden's binaries: defaults, then a YAML file, then `WARDEN_*`
+//! environment variables, then flags; the last layer that gives a setting decides it.
+//! Every mistake in every layer is collected and reported together
+//! ([`ConfigErrors`]), each naming its field and where the value came from, and the
+//! origin of every setting a layer gave is kept ([`Provenance`]).
+//!
+//! The controller, the agent and the `warden` CLI all load through [`Loader`]; each
+//! keeps only its own settings, bounds and defaults.
+
+mod loader;
+mod yaml;
+
+pub use loader::{Loaded, Loader, Provenance, whole};
+pub use warden_model::config::{ConfigError, ConfigErrors};
+pub use yaml::{YamlError, parse_yaml};
