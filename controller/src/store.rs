@@ -15,26 +15,13 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
 use warden_model::{Incident, IncidentKind, IncidentState, TimelineEntry, Timestamp};
 
-use warden_engine::clock::{Clock, SystemClock};
+mod migrate;
 
-/// The migrations, in order: (version, name, SQL).
-/// The schema version this binary brings its database to.
+/// The schema version this binary brings its database to: the highest version among
+/// the migrations embedded from `controller/migrations/`.
 pub fn latest_schema_version() -> i64 {
-    MIGRATIONS.last().map_or(0, |m| m.0)
+    migrate::latest(&migrate::migrator())
 }
-
-const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (1, "init", include_str!("../migrations/0001_init.sql")),
-    (
-        2,
-        "remediation",
-        include_str!("../migrations/0002_remediation.sql"),
-    ),
-];
-
-/// Key of the PostgreSQL advisory lock held while migrating, so two controllers starting
-/// together do not both apply a migration.
-const MIGRATION_LOCK: i64 = 0x5741_5244_454e_0001;
 
 /// Largest page of a list query.
 pub const MAX_PAGE: u32 = 1000;
@@ -63,15 +50,24 @@ pub enum StoreError {
         /// Why.
         source: sqlx::Error,
     },
-    /// A migration failed.
+    /// A migration's SQL failed (nothing of the run was kept).
     #[error("migration {version} ({name}) failed: {source}")]
     Migrate {
         /// Its version.
         version: i64,
-        /// Its name.
-        name: &'static str,
+        /// Its name (the file name's description).
+        name: String,
         /// Why.
         source: sqlx::Error,
+    },
+    /// Migrating failed outside any one migration's SQL: the lock, the migrations
+    /// table, a migration applied earlier whose file has since changed.
+    #[error("migrating the schema failed ({what}): {source}")]
+    Migrator {
+        /// What the migration run was doing.
+        what: &'static str,
+        /// Why.
+        source: sqlx::migrate::MigrateError,
     },
     /// The database holds migrations newer than this binary knows.
     #[error(
@@ -325,73 +321,9 @@ impl Store {
         &self.pool
     }
 
-    /// Apply the migrations not yet applied, all in one transaction (PostgreSQL and
-    /// SQLite both take DDL transactionally), under an advisory lock on PostgreSQL.
-    async fn migrate(&self) -> Result<(), StoreError> {
-        let known = MIGRATIONS.last().map_or(0, |m| m.0);
-        let setup = |source| StoreError::Migrate {
-            version: 0,
-            name: "migrations table",
-            source,
-        };
-        let mut tx = self.pool.begin().await.map_err(setup)?;
-        if self.backend == Backend::Postgres {
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(MIGRATION_LOCK)
-                .execute(&mut *tx)
-                .await
-                .map_err(setup)?;
-        }
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS warden_migrations (\
-                version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(setup)?;
-        let found: Option<i64> = sqlx::query("SELECT MAX(version) FROM warden_migrations")
-            .fetch_one(&mut *tx)
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(setup)?;
-        let found = found.unwrap_or(0);
-        if found > known {
-            return Err(StoreError::TooNew { found, known });
-        }
-        let mut applied = Vec::new();
-        for &(version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > found) {
-            let fail = |source| StoreError::Migrate {
-                version,
-                name,
-                source,
-            };
-            sqlx::raw_sql(sql).execute(&mut *tx).await.map_err(fail)?;
-            sqlx::query(
-                "INSERT INTO warden_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-            )
-            .bind(version)
-            .bind(name)
-            .bind(SystemClock.now().0)
-            .execute(&mut *tx)
-            .await
-            .map_err(fail)?;
-            applied.push((version, name));
-        }
-        tx.commit().await.map_err(setup)?;
-        for (version, name) in applied {
-            tracing::info!(
-                version,
-                name,
-                backend = self.backend.as_str(),
-                "migration applied"
-            );
-        }
-        Ok(())
-    }
-
     /// Highest schema version applied.
     pub async fn schema_version(&self) -> Result<i64, StoreError> {
-        let v: Option<i64> = sqlx::query("SELECT MAX(version) FROM warden_migrations")
+        let v: Option<i64> = sqlx::query("SELECT MAX(version) FROM _sqlx_migrations")
             .fetch_one(&self.pool)
             .await
             .and_then(|row| row.try_get(0))

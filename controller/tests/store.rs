@@ -5,6 +5,7 @@
 
 mod support;
 
+use sqlx::{Connection, Row};
 use support::pg::TestDb;
 use warden_controller::store::{
     self, ActionKind, ActionRecord, ActionStatus, IncidentFilter, NodeRecord, Store, StoreError,
@@ -13,21 +14,52 @@ use warden_model::{Incident, IncidentKind, IncidentState, Severity, TimelineEntr
 
 /// An SQLite store in a temp dir and a PostgreSQL store in a fresh database.
 async fn backends() -> Vec<(&'static str, Store, Guard)> {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let sqlite = Store::open_dir(dir.path()).await.expect("sqlite store");
-    let db = TestDb::create().await;
-    let pg = Store::open(db.url()).await.expect("postgres store");
+    let mut out = Vec::new();
+    for (name, guard) in empty_backends().await {
+        let store = guard.open().await.expect(name);
+        out.push((name, store, guard));
+    }
+    out
+}
+
+/// An empty SQLite data dir and a fresh, empty PostgreSQL database.
+async fn empty_backends() -> Vec<(&'static str, Guard)> {
     vec![
-        ("sqlite", sqlite, Guard::Dir(dir)),
-        ("postgres", pg, Guard::Db(db)),
+        ("sqlite", Guard::Dir(tempfile::tempdir().expect("temp dir"))),
+        ("postgres", Guard::Db(TestDb::create().await)),
     ]
 }
 
 /// Keeps a backend's storage alive for the test.
-#[allow(dead_code)]
 enum Guard {
     Dir(tempfile::TempDir),
     Db(TestDb),
+}
+
+impl Guard {
+    /// Open a store on it (again).
+    async fn open(&self) -> Result<Store, StoreError> {
+        match self {
+            Guard::Dir(d) => Store::open_dir(d.path()).await,
+            Guard::Db(db) => Store::open(db.url()).await,
+        }
+    }
+
+    /// The URL of its database, for a plain connection (not a store).
+    fn url(&self) -> String {
+        match self {
+            Guard::Dir(d) => format!("sqlite://{}?mode=rwc", d.path().join("warden.db").display()),
+            Guard::Db(db) => db.url().to_owned(),
+        }
+    }
+
+    /// A plain connection to its database.
+    async fn connect(&self) -> sqlx::AnyConnection {
+        sqlx::any::install_default_drivers();
+        sqlx::AnyConnection::connect(&self.url())
+            .await
+            .expect("plain connection")
+    }
 }
 
 fn incident(id: &str, kind: IncidentKind, job: &str, nodes: &[&str]) -> Incident {
@@ -70,11 +102,7 @@ async fn migrations_apply_once_and_reopen_cleanly() {
             "{name}"
         );
         // Opening the same database again finds everything applied.
-        let again = match &guard {
-            Guard::Dir(d) => Store::open_dir(d.path()).await,
-            Guard::Db(db) => Store::open(db.url()).await,
-        }
-        .expect("reopen");
+        let again = guard.open().await.expect("reopen");
         assert_eq!(
             again.schema_version().await.expect("version"),
             store::latest_schema_version(),
@@ -344,17 +372,208 @@ async fn bad_urls_and_unreadable_documents_are_named() {
 async fn a_newer_schema_is_refused() {
     for (name, store, guard) in backends().await {
         sqlx::query(
-            "INSERT INTO warden_migrations (version, name, applied_at) VALUES (999, 'future', 0)",
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+             execution_time) VALUES (999, 'future', $1, $2, 0)",
         )
+        .bind(true)
+        .bind(vec![0u8; 48])
         .execute(store.pool())
         .await
         .expect("insert");
-        let e = match &guard {
-            Guard::Dir(d) => Store::open_dir(d.path()).await,
-            Guard::Db(db) => Store::open(db.url()).await,
-        }
-        .expect_err("newer schema");
-        assert!(e.to_string().contains("999"), "{name}: {e}");
+        let e = guard.open().await.expect_err("newer schema");
+        assert_too_new(name, &e);
+    }
+}
+
+/// `e` refuses a database at schema version 999, with the message the store has always
+/// given.
+fn assert_too_new(name: &str, e: &StoreError) {
+    assert!(
+        matches!(e, StoreError::TooNew { found: 999, known } if *known == store::latest_schema_version()),
+        "{name}: {e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "the database is at schema version 999, newer than this controller's {}; \
+             run a newer controller",
+            store::latest_schema_version()
+        ),
+        "{name}"
+    );
+}
+
+/// The migrations as the store's earlier runner knew them: (version, name, SQL).
+const OLD_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "init", include_str!("../migrations/0001_init.sql")),
+    (
+        2,
+        "remediation",
+        include_str!("../migrations/0002_remediation.sql"),
+    ),
+];
+
+/// Migrate `guard`'s database up to `upto` as the store's earlier runner did: its
+/// `warden_migrations` table, every pending migration and its row in one transaction,
+/// under its advisory lock on PostgreSQL.
+async fn migrate_the_old_way(guard: &Guard, upto: i64) {
+    let mut conn = guard.connect().await;
+    let mut tx = conn.begin().await.expect("begin");
+    if matches!(guard, Guard::Db(_)) {
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(0x5741_5244_454e_0001_i64)
+            .execute(&mut *tx)
+            .await
+            .expect("lock");
+    }
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS warden_migrations (\
+            version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+    )
+    .execute(&mut *tx)
+    .await
+    .expect("old migrations table");
+    for &(version, name, sql) in OLD_MIGRATIONS.iter().filter(|m| m.0 <= upto) {
+        sqlx::raw_sql(sql).execute(&mut *tx).await.expect(name);
+        sqlx::query(
+            "INSERT INTO warden_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+        )
+        .bind(version)
+        .bind(name)
+        .bind(1_700_000_000_000_000_000_i64)
+        .execute(&mut *tx)
+        .await
+        .expect("old migration row");
+    }
+    tx.commit().await.expect("commit");
+    conn.close().await.expect("close");
+}
+
+/// `_sqlx_migrations` as (version, checksum), in order.
+async fn sqlx_rows(store: &Store) -> Vec<(i64, Vec<u8>)> {
+    sqlx::query("SELECT version, checksum FROM _sqlx_migrations ORDER BY version")
+        .fetch_all(store.pool())
+        .await
+        .expect("_sqlx_migrations")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// What sqlx records for every embedded migration: its version and the SHA-384 of its
+/// file.
+fn expected_sqlx_rows() -> Vec<(i64, Vec<u8>)> {
+    use sha2::Digest;
+    OLD_MIGRATIONS
+        .iter()
+        .map(|&(v, _, sql)| (v, sha2::Sha384::digest(sql).to_vec()))
+        .collect()
+}
+
+/// Whether `table` exists in `store`'s database.
+async fn has_table(store: &Store, table: &str) -> bool {
+    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+        .fetch_one(store.pool())
+        .await
+        .is_ok()
+}
+
+#[tokio::test]
+async fn a_database_of_the_earlier_runner_is_taken_over_and_keeps_its_data() {
+    for (name, guard) in empty_backends().await {
+        migrate_the_old_way(&guard, 2).await;
+        let mut conn = guard.connect().await;
+        sqlx::query("INSERT INTO remediation_state (name, doc, updated_at) VALUES ($1, $2, $3)")
+            .bind("rails")
+            .bind(r#"{"tripped":{"at":2}}"#)
+            .bind(2_i64)
+            .execute(&mut conn)
+            .await
+            .expect("old data");
+        conn.close().await.expect("close");
+
+        let store = guard.open().await.expect(name);
+        assert_eq!(
+            store.schema_version().await.expect("version"),
+            store::latest_schema_version(),
+            "{name}"
+        );
+        assert_eq!(sqlx_rows(&store).await, expected_sqlx_rows(), "{name}");
+        assert!(
+            !has_table(&store, "warden_migrations").await,
+            "{name}: old table dropped"
+        );
+        assert_eq!(
+            store
+                .remediation_state("rails")
+                .await
+                .expect("read")
+                .as_deref(),
+            Some(r#"{"tripped":{"at":2}}"#),
+            "{name}"
+        );
+        drop(store);
+
+        // Opening it again changes nothing.
+        let again = guard.open().await.expect("reopen");
+        assert_eq!(sqlx_rows(&again).await, expected_sqlx_rows(), "{name}");
+        assert_eq!(
+            again.schema_version().await.expect("version"),
+            store::latest_schema_version(),
+            "{name}"
+        );
+        assert_eq!(
+            again
+                .remediation_state("rails")
+                .await
+                .expect("read")
+                .as_deref(),
+            Some(r#"{"tripped":{"at":2}}"#),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_database_the_earlier_runner_left_behind_gets_the_newer_migrations() {
+    for (name, guard) in empty_backends().await {
+        migrate_the_old_way(&guard, 1).await;
+        let store = guard.open().await.expect(name);
+        assert_eq!(sqlx_rows(&store).await, expected_sqlx_rows(), "{name}");
+        store
+            .put_remediation_state("rails", "{}", Timestamp(1))
+            .await
+            .expect("migration 2's table is there");
+    }
+}
+
+#[tokio::test]
+async fn a_newer_database_of_the_earlier_runner_is_refused_untouched() {
+    for (name, guard) in empty_backends().await {
+        migrate_the_old_way(&guard, 2).await;
+        let mut conn = guard.connect().await;
+        sqlx::query(
+            "INSERT INTO warden_migrations (version, name, applied_at) VALUES (999, 'future', 0)",
+        )
+        .execute(&mut conn)
+        .await
+        .expect("insert");
+        let e = guard.open().await.expect_err("newer schema");
+        assert_too_new(name, &e);
+        // Nothing moved: the old table is still there, sqlx's is not.
+        let old: i64 = sqlx::query("SELECT COUNT(*) FROM warden_migrations")
+            .fetch_one(&mut conn)
+            .await
+            .expect("old table")
+            .get(0);
+        assert_eq!(old, 3, "{name}");
+        assert!(
+            sqlx::query("SELECT COUNT(*) FROM _sqlx_migrations")
+                .fetch_one(&mut conn)
+                .await
+                .is_err(),
+            "{name}: no _sqlx_migrations"
+        );
     }
 }
 
@@ -368,6 +587,19 @@ async fn two_controllers_migrating_one_postgres_at_once_both_succeed() {
     );
     assert_eq!(
         b.expect("second").schema_version().await.expect("v"),
+        store::latest_schema_version()
+    );
+}
+
+#[tokio::test]
+async fn two_controllers_taking_over_one_postgres_of_the_earlier_runner_both_succeed() {
+    let guard = Guard::Db(TestDb::create().await);
+    migrate_the_old_way(&guard, 1).await;
+    let (a, b) = tokio::join!(guard.open(), guard.open());
+    let (a, b) = (a.expect("first"), b.expect("second"));
+    assert_eq!(sqlx_rows(&a).await, expected_sqlx_rows());
+    assert_eq!(
+        b.schema_version().await.expect("v"),
         store::latest_schema_version()
     );
 }
