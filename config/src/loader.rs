@@ -68,11 +68,14 @@ pub struct Loaded<T> {
     pub provenance: Provenance,
 }
 
+/// Looks an environment variable up.
+type EnvLookup<'e> = Box<dyn Fn(&str) -> Option<String> + 'e>;
+
 /// Puts one binary's configuration together from its layers; see the module docs.
 pub struct Loader<'e> {
     origin: String,
     doc: Map<String, Value>,
-    env: Box<dyn Fn(&str) -> Option<String> + 'e>,
+    env: EnvLookup<'e>,
     errors: Vec<ConfigError>,
     provenance: Provenance,
 }

@@ -196,7 +196,7 @@ fn parse_listen(value: &String) -> Result<SocketAddr, String> {
 }
 
 /// A whole number within `lo..=hi`.
-fn whole_within(value: &String, lo: u64, hi: u64) -> Result<u64, String> {
+fn whole_within(value: &str, lo: u64, hi: u64) -> Result<u64, String> {
     let n = whole(value)?;
     if (lo..=hi).contains(&n) {
         Ok(n)
