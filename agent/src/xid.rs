@@ -70,7 +70,7 @@ pub struct XidInfo {
 pub enum XidError {
     /// Not valid YAML, or not a list of mappings with known fields.
     #[error("XID catalog is not a valid list of entries: {0}")]
-    Yaml(#[from] serde_yaml_ng::Error),
+    Yaml(#[from] warden_model::yaml::Error),
     /// A required field is absent.
     #[error("XID catalog entry {index}: missing field `{field}`")]
     Missing {
@@ -120,7 +120,7 @@ pub struct XidCatalog {
 impl XidCatalog {
     /// Parse a catalog in the format of `rules/xid.yaml`.
     pub fn parse(yaml: &str) -> Result<Self, XidError> {
-        let raw: Vec<RawEntry> = serde_yaml_ng::from_str(yaml)?;
+        let raw: Vec<RawEntry> = warden_model::yaml::from_str(yaml)?;
         let mut by_code = FxHashMap::default();
         for (index, e) in raw.into_iter().enumerate() {
             let missing = |field| XidError::Missing { index, field };
@@ -232,10 +232,10 @@ mod tests {
     #[test]
     fn shipped_catalog_has_no_duplicate_codes() {
         // `parse` refuses duplicates; check the raw list too so the test says which.
-        let raw: Vec<serde_yaml_ng::Value> = serde_yaml_ng::from_str(BUILTIN).unwrap_or_default();
+        let raw: Vec<serde_json::Value> = warden_model::yaml::from_str(BUILTIN).unwrap_or_default();
         let mut codes: Vec<u64> = raw
             .iter()
-            .filter_map(|v| v.get("code").and_then(serde_yaml_ng::Value::as_u64))
+            .filter_map(|v| v.get("code").and_then(serde_json::Value::as_u64))
             .collect();
         let n = codes.len();
         assert_eq!(n, builtin().len());

@@ -43,7 +43,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value as Json;
-use serde_yaml_ng::Value as Yaml;
 use warden_agent::nvml::throttle;
 use warden_testkit::{PATIENCE, poll, scaled};
 
@@ -775,9 +774,9 @@ fn wait_for_data<'a>(
 fn prometheus_config(controller: &str, agent: &str) -> String {
     let path = repo().join("dashboards/provisioning/prometheus-scrape.yaml");
     let text = std::fs::read_to_string(&path).expect("the scrape excerpt");
-    let mut doc: Yaml = serde_yaml_ng::from_str(&text).expect("the scrape excerpt is YAML");
+    let mut doc: Json = warden_model::yaml::from_str(&text).expect("the scrape excerpt is YAML");
     let jobs = doc["scrape_configs"]
-        .as_sequence_mut()
+        .as_array_mut()
         .expect("scrape_configs in the excerpt");
     let mut names = Vec::new();
     for job in jobs.iter_mut() {
@@ -787,29 +786,25 @@ fn prometheus_config(controller: &str, agent: &str) -> String {
             "warden-agent" => agent,
             other => panic!("the excerpt has a job the test does not know: {other}"),
         };
-        let mut sc = serde_yaml_ng::Mapping::new();
-        sc.insert(
-            "targets".into(),
-            Yaml::Sequence(vec![Yaml::String(target.to_owned())]),
-        );
-        job["static_configs"] = Yaml::Sequence(vec![Yaml::Mapping(sc)]);
+        job["static_configs"] = serde_json::json!([{"targets": [target]}]);
         names.push(name);
     }
     names.sort();
     assert_eq!(names, ["warden-agent", "warden-controller"], "scrape jobs");
     let rules = repo().join("rules/prometheus/warden-alerts.yaml");
-    doc["rule_files"] = Yaml::Sequence(vec![Yaml::String(rules.display().to_string())]);
-    let mut global = serde_yaml_ng::Mapping::new();
-    global.insert("scrape_interval".into(), format!("{SCRAPE_SECS}s").into());
-    global.insert("scrape_timeout".into(), format!("{SCRAPE_SECS}s").into());
-    global.insert(
-        "evaluation_interval".into(),
-        format!("{SCRAPE_SECS}s").into(),
-    );
-    doc.as_mapping_mut()
+    doc["rule_files"] = serde_json::json!([rules.display().to_string()]);
+    let every = format!("{SCRAPE_SECS}s");
+    doc.as_object_mut()
         .expect("the excerpt is a mapping")
-        .insert("global".into(), Yaml::Mapping(global));
-    serde_yaml_ng::to_string(&doc).expect("yaml")
+        .insert(
+            "global".into(),
+            serde_json::json!({
+                "scrape_interval": every,
+                "scrape_timeout": every,
+                "evaluation_interval": every,
+            }),
+        );
+    serde_saphyr::to_string(&doc).expect("yaml")
 }
 
 /// `POST /api/v1/ingest` with a body that is no batch; the HTTP status line.

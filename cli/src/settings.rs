@@ -101,8 +101,13 @@ impl FileValues {
         }
         // Parsed as a generic value first: a typed parse would quote a mistyped token
         // back in its error message (and the YAML reader never quotes the source).
-        let value: serde_json::Value =
-            warden_config::parse_yaml(text).map_err(|e| at(format!("not valid YAML{}", e.at())))?;
+        let value: serde_json::Value = warden_model::yaml::from_str(text).map_err(|e| {
+            let place = match (e.line, e.column) {
+                (Some(l), Some(c)) => format!(" at line {l} column {c}"),
+                _ => String::new(),
+            };
+            at(format!("not valid YAML{place}"))
+        })?;
         let map = match value {
             serde_json::Value::Object(m) => m,
             serde_json::Value::Null => return Ok(FileValues::default()),

@@ -8,8 +8,6 @@
 //! keeps only its own settings, bounds and defaults.
 
 mod loader;
-mod yaml;
 
 pub use loader::{Loaded, Loader, Provenance, whole};
 pub use warden_model::config::{ConfigError, ConfigErrors};
-pub use yaml::{YamlError, parse_yaml};

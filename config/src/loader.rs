@@ -9,7 +9,6 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use crate::yaml::parse_yaml;
 use crate::{ConfigError, ConfigErrors};
 
 /// Where each setting in force came from, in the order they were given: a file path,
@@ -121,7 +120,7 @@ impl<'e> Loader<'e> {
             field: String::new(),
             message,
         };
-        let (doc, errors) = match parse_yaml::<Value>(text) {
+        let (doc, errors) = match warden_model::yaml::from_str::<Value>(text) {
             Ok(Value::Null) => (Map::new(), vec![]),
             Ok(Value::Object(m)) => (m, vec![]),
             Ok(_) => (

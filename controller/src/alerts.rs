@@ -1565,7 +1565,7 @@ mod tests {
 
     #[test]
     fn config_parses_with_defaults_and_rejects_unknown_fields() {
-        let cfg: AlertsConfig = serde_yaml_ng::from_str(
+        let cfg: AlertsConfig = warden_model::yaml::from_str(
             "alertmanager:\n  url: http://am:9093\nwebhook:\n  url: https://hooks.slack.com/services/T/B/SECRET\n",
         )
         .expect("valid");
@@ -1581,7 +1581,7 @@ mod tests {
             "{debug}"
         );
         assert!(
-            serde_yaml_ng::from_str::<AlertsConfig>("webhook:\n  url: http://x\n  rate: 1\n")
+            warden_model::yaml::from_str::<AlertsConfig>("webhook:\n  url: http://x\n  rate: 1\n")
                 .is_err()
         );
     }

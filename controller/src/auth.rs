@@ -192,7 +192,8 @@ impl Auth {
             path: origin.to_owned(),
             detail,
         };
-        let file: TokenFile = serde_yaml_ng::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let file: TokenFile =
+            warden_model::yaml::from_str(text).map_err(|e| invalid(e.to_string()))?;
         if file.tokens.is_empty() {
             return Err(invalid(
                 "no tokens: list at least one under `tokens`".into(),

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value as Json;
-use serde_yaml_ng::Value as Yaml;
 
 #[path = "common/dashboard_queries.rs"]
 mod dashboard_queries;
@@ -35,9 +34,9 @@ fn files(dir: &str, ext: &str) -> Vec<PathBuf> {
     v
 }
 
-fn yaml(path: &Path) -> Yaml {
+fn yaml(path: &Path) -> Json {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+    warden_model::yaml::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
 }
 
 fn rule_files() -> Vec<PathBuf> {
@@ -65,10 +64,10 @@ fn alerts() -> Vec<(String, String)> {
     for path in rule_files() {
         let doc = yaml(&path);
         let groups = doc["groups"]
-            .as_sequence()
+            .as_array()
             .unwrap_or_else(|| panic!("{path:?}: no groups"));
         for g in groups {
-            for r in g["rules"].as_sequence().expect("rules of a group") {
+            for r in g["rules"].as_array().expect("rules of a group") {
                 if let (Some(name), Some(expr)) = (r["alert"].as_str(), r["expr"].as_str()) {
                     out.push((name.to_owned(), expr.to_owned()));
                 }
@@ -198,24 +197,17 @@ fn every_promql_expression_in_rules_and_dashboards_parses() {
     // and names the failing rule.
     let mut rules = Vec::new();
     for (i, e) in exprs.iter().enumerate() {
-        let mut rule = serde_yaml_ng::Mapping::new();
-        rule.insert("record".into(), format!("check:expr_{i}").into());
-        rule.insert("expr".into(), e.promql.clone().into());
-        rules.push(Yaml::Mapping(rule));
+        rules.push(serde_json::json!({
+            "record": format!("check:expr_{i}"),
+            "expr": e.promql,
+        }));
     }
-    let mut group = serde_yaml_ng::Mapping::new();
-    group.insert("name".into(), "expressions".into());
-    group.insert("rules".into(), Yaml::Sequence(rules));
-    let mut doc = serde_yaml_ng::Mapping::new();
-    doc.insert("groups".into(), Yaml::Sequence(vec![Yaml::Mapping(group)]));
+    let doc = serde_json::json!({"groups": [{"name": "expressions", "rules": rules}]});
     let dir = std::env::temp_dir().join(format!("warden-promql-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let file = dir.join("expressions.yaml");
-    std::fs::write(
-        &file,
-        serde_yaml_ng::to_string(&Yaml::Mapping(doc)).expect("yaml"),
-    )
-    .expect("write the expressions");
+    std::fs::write(&file, serde_saphyr::to_string(&doc).expect("yaml"))
+        .expect("write the expressions");
     let out = Command::new(promtool)
         .args(["check", "rules"])
         .arg(&file)
@@ -275,10 +267,10 @@ fn alert_cases() -> BTreeMap<String, (usize, usize)> {
     let mut cases: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     for path in rule_test_files() {
         let doc = yaml(&path);
-        for t in doc["tests"].as_sequence().expect("tests") {
-            for a in t["alert_rule_test"].as_sequence().into_iter().flatten() {
+        for t in doc["tests"].as_array().expect("tests") {
+            for a in t["alert_rule_test"].as_array().into_iter().flatten() {
                 let name = a["alertname"].as_str().expect("alertname").to_owned();
-                let fires = a["exp_alerts"].as_sequence().is_some_and(|s| !s.is_empty());
+                let fires = a["exp_alerts"].as_array().is_some_and(|s| !s.is_empty());
                 let c = cases.entry(name).or_default();
                 if fires {
                     c.0 += 1;
@@ -459,7 +451,7 @@ fn every_metric_in_rules_and_dashboards_is_documented() {
 fn fatal_xid_alert_covers_exactly_the_fatal_codes_of_the_xid_catalog() {
     let catalog = yaml(&repo().join("rules/xid.yaml"));
     let fatal: BTreeSet<u64> = catalog
-        .as_sequence()
+        .as_array()
         .expect("xid.yaml is a list")
         .iter()
         .filter(|e| e["severity"].as_str() == Some("fatal"))

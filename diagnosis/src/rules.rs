@@ -408,7 +408,7 @@ impl RuleSet {
         let mut tests = Vec::new();
         let mut seen: HashMap<String, String> = HashMap::new();
         for (file, text) in sources {
-            let specs: Option<Vec<RuleSpec>> = match serde_yaml_ng::from_str(&text) {
+            let specs: Option<Vec<RuleSpec>> = match warden_model::yaml::from_str(&text) {
                 Ok(s) => s,
                 Err(e) => {
                     problems.push(Problem {

@@ -542,10 +542,11 @@ fn configs(s: &Seeds) {
         (1u8, "deploy/kubernetes/agent-config.yaml"),
     ] {
         // The ConfigMap holds the config file as a string value.
-        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read(file)).expect("a ConfigMap");
-        if let Some(data) = doc.get("data").and_then(|d| d.as_mapping()) {
+        let doc: serde_json::Value =
+            warden_model::yaml::from_str(&read(file)).expect("a ConfigMap");
+        if let Some(data) = doc.get("data").and_then(|d| d.as_object()) {
             for (k, v) in data {
-                if let (Some(k), Some(v)) = (k.as_str(), v.as_str()) {
+                if let Some(v) = v.as_str() {
                     text_with_knob(s, "config", &[knob], &format!("k8s-{k}"), v);
                 }
             }

@@ -347,36 +347,15 @@ impl Checker {
 impl Scenario {
     /// Parse and validate a scenario; `name` becomes its name.
     pub fn from_yaml(text: &str, name: &str) -> Result<Scenario, ScenarioError> {
-        let de = serde_yaml_ng::Deserializer::from_str(text);
-        let raw: RawScenario = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            let loc = inner.location();
-            let path = if path == "." || path == "?" {
-                String::new()
-            } else {
-                path
-            };
-            let mut message = inner.to_string();
-            // serde_yaml_ng prefixes some messages with (part of) the path: keep one.
-            if let Some((head, rest)) = message.split_once(": ")
-                && !head.is_empty()
-                && !head.contains(' ')
-                && path.starts_with(head)
-            {
-                message = rest.to_owned();
-            }
-            if let Some(l) = &loc
-                && !message.contains(" at line ")
-            {
-                message = format!("{message} at line {} column {}", l.line(), l.column());
-            }
-            ScenarioError::Parse {
-                problem: Problem { path, message },
-                line: loc.as_ref().map(|l| l.line()),
-                column: loc.as_ref().map(|l| l.column()),
-            }
-        })?;
+        let raw: RawScenario =
+            warden_model::yaml::from_str(text).map_err(|e| ScenarioError::Parse {
+                problem: Problem {
+                    path: e.path,
+                    message: e.message,
+                },
+                line: e.line,
+                column: e.column,
+            })?;
         Self::validate(raw, name)
     }
 

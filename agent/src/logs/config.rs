@@ -237,8 +237,7 @@ impl TailConfig {
     /// Parse from YAML; the error names the field (`sources[0].format: unknown variant`).
     /// Values are not checked here: see [`TailConfig::problems`].
     pub fn from_yaml(yaml: &str) -> Result<Self, ConfigError> {
-        let de = serde_yaml_ng::Deserializer::from_str(yaml);
-        serde_path_to_error::deserialize(de).map_err(|e| ConfigError::Parse(e.to_string()))
+        warden_model::yaml::from_str(yaml).map_err(|e| ConfigError::Parse(e.to_string()))
     }
 
     /// Everything wrong with the tailing part of this config (globs, limits), each

@@ -253,10 +253,11 @@ mod tests {
         .map(|s| s.to_string())
         .collect();
         let yaml = include_str!("../../../rules/log-presets.yaml");
-        let raw: Vec<serde_yaml_ng::Value> = serde_yaml_ng::from_str(yaml).expect("presets parse");
+        let raw: Vec<serde_json::Value> =
+            warden_model::yaml::from_str(yaml).expect("presets parse");
         for p in raw {
-            if let Some(fields) = p.get("fields").and_then(|f| f.as_mapping()) {
-                for (_, re) in fields {
+            if let Some(fields) = p.get("fields").and_then(|f| f.as_object()) {
+                for re in fields.values() {
                     out.push(re.as_str().expect("field regex is a string").to_string());
                 }
             }

@@ -180,7 +180,7 @@ fn named_groups(re: &Regex, allow_throughput: bool) -> Result<Vec<(usize, Field)
 pub enum PresetError {
     /// Not valid YAML, or not a list of presets with known fields.
     #[error("log presets are not a valid list: {0}")]
-    Yaml(#[from] serde_yaml_ng::Error),
+    Yaml(#[from] warden_model::yaml::Error),
     /// A preset is wrong.
     #[error("log preset {index} ({name}): {problem}")]
     Invalid {
@@ -219,7 +219,7 @@ pub struct PresetCatalog {
 impl PresetCatalog {
     /// Parse presets in the format of `rules/log-presets.yaml`.
     pub fn parse(yaml: &str) -> Result<Self, PresetError> {
-        let raw: Vec<RawPresetMap> = serde_yaml_ng::from_str(yaml)?;
+        let raw: Vec<RawPresetMap> = warden_model::yaml::from_str(yaml)?;
         let mut presets: Vec<Preset> = Vec::with_capacity(raw.len());
         for (index, r) in raw.into_iter().enumerate() {
             let r = r.0;
@@ -376,7 +376,7 @@ impl<'de> Deserialize<'de> for RawPresetMap {
             needles: Vec<String>,
             pattern: String,
             #[serde(default)]
-            fields: serde_yaml_ng::Mapping,
+            fields: FieldMap,
             #[serde(default)]
             step: StepSource,
             #[serde(default)]
@@ -384,9 +384,9 @@ impl<'de> Deserialize<'de> for RawPresetMap {
         }
         let s = Shape::deserialize(d)?;
         let mut fields = Vec::new();
-        for (k, v) in s.fields {
-            match (k.as_str(), v.as_str()) {
-                (Some(k), Some(v)) => fields.push((k.to_string(), v.to_string())),
+        for (k, v) in s.fields.0 {
+            match (k, v) {
+                (serde_json::Value::String(k), serde_json::Value::String(v)) => fields.push((k, v)),
                 _ => {
                     return Err(serde::de::Error::custom(format!(
                         "preset {}: fields must map names to regex strings",
@@ -406,6 +406,37 @@ impl<'de> Deserialize<'de> for RawPresetMap {
             step: s.step,
             epoch_base: s.epoch_base,
         }))
+    }
+}
+
+/// A `fields` mapping as written: its entries in file order, keys and values as read
+/// (checked to be strings by [`RawPresetMap`], which can name the preset).
+#[derive(Default)]
+struct FieldMap(Vec<(serde_json::Value, serde_json::Value)>);
+
+impl<'de> Deserialize<'de> for FieldMap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = FieldMap;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a mapping of field names to regex strings")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<FieldMap, E> {
+                Ok(FieldMap::default())
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<FieldMap, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = m.next_entry()? {
+                    out.push(entry);
+                }
+                Ok(FieldMap(out))
+            }
+        }
+        d.deserialize_map(Entries)
     }
 }
 

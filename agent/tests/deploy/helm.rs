@@ -15,12 +15,13 @@
 //! Stricter than Helm where Helm is forgiving: a value path that is not in the values is
 //! an error (Helm prints `<no value>` or treats it as false), except as the input of
 //! `default`; printing a map or list without `toYaml` is an error; so are numbers Helm
-//! would print in exponent form (1e6 and above: Helm reads values as float64).
+//! would print in exponent form (1e6 and above: Helm reads values as float64). Like
+//! Helm's, `toYaml` prints a map's keys sorted.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_yaml_ng::{Mapping, Number, Value};
+use serde_json::{Map as Mapping, Number, Value};
 
 /// A parsed chart: its helpers and its templates, by file name.
 #[derive(Debug)]
@@ -353,9 +354,8 @@ fn is_empty(v: &Value) -> bool {
         Value::Bool(b) => !b,
         Value::Number(n) => n.as_f64() == Some(0.0),
         Value::String(s) => s.is_empty(),
-        Value::Sequence(s) => s.is_empty(),
-        Value::Mapping(m) => m.is_empty(),
-        Value::Tagged(_) => false,
+        Value::Array(s) => s.is_empty(),
+        Value::Object(m) => m.is_empty(),
     }
 }
 
@@ -379,9 +379,8 @@ fn number(n: &Number) -> Result<String, String> {
 fn check_numbers(v: &Value) -> Result<(), String> {
     match v {
         Value::Number(n) => number(n).map(drop),
-        Value::Sequence(s) => s.iter().try_for_each(check_numbers),
-        Value::Mapping(m) => m.values().try_for_each(check_numbers),
-        Value::Tagged(_) => Err("tagged YAML values are not supported".into()),
+        Value::Array(s) => s.iter().try_for_each(check_numbers),
+        Value::Object(m) => m.values().try_for_each(check_numbers),
         _ => Ok(()),
     }
 }
@@ -460,8 +459,8 @@ impl Chart {
         let mut rel = Mapping::new();
         rel.insert("Name".into(), release.into());
         rel.insert("Namespace".into(), namespace.into());
-        root.insert("Release".into(), Value::Mapping(rel));
-        let root = Value::Mapping(root);
+        root.insert("Release".into(), Value::Object(rel));
+        let root = Value::Object(root);
         self.templates
             .iter()
             .map(|(name, nodes)| {
@@ -505,7 +504,7 @@ impl Chart {
                     self.nodes(branch, dot, root, out, depth)?;
                 }
                 Node::Range(p, body) => match self.pipeline(p, dot, root, depth)? {
-                    V::Val(Value::Sequence(items)) => {
+                    V::Val(Value::Array(items)) => {
                         for item in &items {
                             self.nodes(body, item, root, out, depth)?;
                         }
@@ -528,7 +527,7 @@ impl Chart {
                     || format!("{}.{}", if *from_root { "$" } else { "" }, fields.join("."));
                 for f in fields {
                     match cur {
-                        Value::Mapping(m) => match m.get(f.as_str()) {
+                        Value::Object(m) => match m.get(f.as_str()) {
                             Some(v) => cur = v,
                             None => return Ok(V::Missing(shown())),
                         },
@@ -577,7 +576,7 @@ impl Chart {
                     V::Missing(path) => return Err(format!("{what}: no value at {path}")),
                     V::Val(x) => {
                         check_numbers(&x).map_err(|e| format!("{what}: {e}"))?;
-                        let text = serde_yaml_ng::to_string(&x).map_err(|e| e.to_string())?;
+                        let text = serde_saphyr::to_string(&x).map_err(|e| e.to_string())?;
                         let text = text.strip_suffix('\n').unwrap_or(&text).to_owned();
                         V::Val(Value::String(text))
                     }
@@ -604,7 +603,7 @@ mod tests {
     use super::*;
 
     fn values(text: &str) -> Value {
-        serde_yaml_ng::from_str(text).expect("test values parse")
+        warden_model::yaml::from_str(text).expect("test values parse")
     }
 
     fn render(helpers: &str, template: &str, vals: &str) -> Result<String, String> {

@@ -46,21 +46,16 @@ fn read(path: &Path) -> String {
 
 /// The objects of a multi-document YAML text (empty documents skipped).
 fn yaml_objects(text: &str, origin: &str) -> Vec<Obj> {
-    let mut out = Vec::new();
-    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let v = <serde_yaml_ng::Value as serde::Deserialize>::deserialize(doc)
-            .unwrap_or_else(|e| panic!("{origin}, document {i}: not YAML: {e}\n{text}"));
-        if v.is_null() {
-            continue;
-        }
-        let value = serde_json::to_value(&v)
-            .unwrap_or_else(|e| panic!("{origin}, document {i}: not a JSON-like object: {e}"));
-        out.push(Obj {
+    let docs: Vec<Value> = warden_model::yaml::from_str_multiple(text)
+        .unwrap_or_else(|e| panic!("{origin}: not YAML: {e}\n{text}"));
+    docs.into_iter()
+        .filter(|v| !v.is_null())
+        .enumerate()
+        .map(|(i, value)| Obj {
             origin: format!("{origin}#{i}"),
             value,
-        });
-    }
-    out
+        })
+        .collect()
 }
 
 fn plain_dir() -> PathBuf {
@@ -93,12 +88,13 @@ fn plain() -> Vec<Obj> {
         .collect()
 }
 
-fn chart_values() -> serde_yaml_ng::Value {
-    serde_yaml_ng::from_str(&read(&chart_dir().join("values.yaml"))).expect("values.yaml parses")
+fn chart_values() -> Value {
+    warden_model::yaml::from_str(&read(&chart_dir().join("values.yaml")))
+        .expect("values.yaml parses")
 }
 
 /// The chart's templates rendered with `values`: (file name, output).
-fn render(values: &serde_yaml_ng::Value) -> Vec<(String, String)> {
+fn render(values: &Value) -> Vec<(String, String)> {
     let chart = helm::Chart::load(&chart_dir()).unwrap_or_else(|e| panic!("chart: {e}"));
     chart
         .render(values, RELEASE, NAMESPACE)
@@ -190,10 +186,10 @@ fn plain_manifests_are_strictly_valid_and_all_in_the_kustomization() {
         }
     }
 
-    let k: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&read(&plain_dir().join("kustomization.yaml"))).expect("parses");
+    let k: Value = warden_model::yaml::from_str(&read(&plain_dir().join("kustomization.yaml")))
+        .expect("parses");
     let listed: BTreeSet<String> = k["resources"]
-        .as_sequence()
+        .as_array()
         .expect("kustomization resources")
         .iter()
         .map(|r| r.as_str().expect("a file name").to_owned())
@@ -212,10 +208,10 @@ fn plain_manifests_are_strictly_valid_and_all_in_the_kustomization() {
         "kustomization.yaml must list exactly the manifests"
     );
     let keys: Vec<&str> = k
-        .as_mapping()
+        .as_object()
         .expect("a mapping")
         .keys()
-        .filter_map(|k| k.as_str())
+        .map(String::as_str)
         .collect();
     assert_eq!(
         keys,
@@ -281,8 +277,8 @@ fn chart_renders_strictly_valid_objects_and_its_defaults_are_the_plain_manifests
         assert_eq!(port(agent, "metrics"), Some(9461));
         assert_eq!(port(ctl, "http"), Some(9460));
     }
-    let chart_yaml: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&read(&chart_dir().join("Chart.yaml"))).expect("Chart.yaml");
+    let chart_yaml: Value =
+        warden_model::yaml::from_str(&read(&chart_dir().join("Chart.yaml"))).expect("Chart.yaml");
     assert_eq!(
         chart_yaml["appVersion"].as_str(),
         Some(env!("CARGO_PKG_VERSION"))
@@ -296,7 +292,7 @@ fn chart_options_render_valid_objects() {
     v["agent"]["hostNetwork"] = true.into();
     v["agent"]["ncclSegments"] = false.into();
     v["rbac"]["create"] = false.into();
-    v["serviceMonitor"]["labels"] = serde_yaml_ng::from_str("{release: prometheus}").expect("yaml");
+    v["serviceMonitor"]["labels"] = serde_json::json!({"release": "prometheus"});
     v["networkPolicy"]["enabled"] = false.into();
     let objs = typed(
         render(&v)

@@ -176,15 +176,12 @@ pub enum PolicyError {
 impl Policy {
     /// Parse and check a policy; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
-        let de = serde_yaml_ng::Deserializer::from_str(text);
-        let policy: Policy = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
-            PolicyError::Invalid {
+        let policy: Policy =
+            warden_model::yaml::from_str(text).map_err(|e| PolicyError::Invalid {
                 origin: origin.to_owned(),
-                field: if field == "." { String::new() } else { field },
-                message: e.into_inner().to_string(),
-            }
-        })?;
+                field: e.path,
+                message: e.message,
+            })?;
         policy.check(origin)?;
         Ok(policy)
     }

@@ -688,10 +688,10 @@ mod tests {
 
     #[test]
     fn the_config_has_defaults_and_refuses_unknown_fields() {
-        let c: SlurmConfig =
-            serde_yaml_ng::from_str("slurm_conf: /etc/slurm/slurm.conf\n").expect("valid config");
+        let c: SlurmConfig = warden_model::yaml::from_str("slurm_conf: /etc/slurm/slurm.conf\n")
+            .expect("valid config");
         assert_eq!(c.command_timeout_secs, 30);
         assert_eq!(c.bin_dir, None);
-        assert!(serde_yaml_ng::from_str::<SlurmConfig>("timeout: 3\n").is_err());
+        assert!(warden_model::yaml::from_str::<SlurmConfig>("timeout: 3\n").is_err());
     }
 }

@@ -614,13 +614,13 @@ mod tests {
 
     #[test]
     fn config_defaults_and_unknown_fields() {
-        let c: KubeConfig = serde_yaml_ng::from_str("{}").expect("empty config");
+        let c: KubeConfig = warden_model::yaml::from_str("{}").expect("empty config");
         assert_eq!(c, KubeConfig::default());
         let c: KubeConfig =
-            serde_yaml_ng::from_str("taint_effect: NoExecute\njob_kind: pytorchjob\n")
+            warden_model::yaml::from_str("taint_effect: NoExecute\njob_kind: pytorchjob\n")
                 .expect("config");
         assert_eq!(c.taint_effect, TaintEffect::NoExecute);
         assert_eq!(c.job_kind, JobKind::PyTorchJob);
-        assert!(serde_yaml_ng::from_str::<KubeConfig>("taint: x").is_err());
+        assert!(warden_model::yaml::from_str::<KubeConfig>("taint: x").is_err());
     }
 }
