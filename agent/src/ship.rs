@@ -13,15 +13,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, StatusCode};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+use warden_http::{Backoff, HttpClient};
 use warden_model::wire::{
     Batch, EventSeverity, GpuSample, Heartbeat, JobSignals, LogRecord, NodeEvent, ProcessState,
     TrainingMetric, frame_sealed,
@@ -320,41 +317,18 @@ pub trait Transport: Send + Sync + 'static {
     fn send(&self, body: Vec<u8>) -> impl Future<Output = Result<(), SendError>> + Send;
 }
 
-/// HTTP POST to `<url>/api/v1/ingest` with the binary content type.
+/// HTTP POST to `<url>/api/v1/ingest` with the binary content type, through Warden's
+/// one HTTP client (proxies from the environment).
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpClient,
     uri: hyper::Uri,
     auth: Option<hyper::header::HeaderValue>,
     timeout: Duration,
 }
 
-/// TLS client settings: Mozilla's roots, plus the CA certificates in `ca_file`.
-fn tls_client(ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(path) = ca_file {
-        let bad = |e: String| format!("controller.ca_file {}: {e}", path.display());
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| bad(e.to_string()))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| bad(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(bad("no CERTIFICATE block".into()));
-        }
-        for c in certs {
-            roots.add(c).map_err(|e| bad(e.to_string()))?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS setup: {e}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
-}
+/// Most bytes of an answer read (the controller's answers are short).
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 impl HttpTransport {
     /// A transport to the controller at `base_url` (`http://host:port` or
@@ -369,19 +343,18 @@ impl HttpTransport {
         let uri = format!("{}/api/v1/ingest", base_url.trim_end_matches('/'))
             .parse::<hyper::Uri>()
             .map_err(|e| format!("{base_url:?} is not a usable URL: {e}"))?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
-        connector.enforce_http(false);
-        let tls = tls_client(ca_file)?;
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
+        let tls = warden_http::tls::client_config(ca_file).map_err(|e| match e {
+            warden_http::tls::TlsError::CaFile { path, detail } => {
+                format!("controller.ca_file {path}: {detail}")
+            }
+            other => other.to_string(),
+        })?;
+        let client = HttpClient::builder()
+            .connect_timeout(timeout)
             .pool_idle_timeout(Duration::from_secs(90))
-            .build(https);
+            .tls(tls)
+            .build()
+            .map_err(|e| e.to_string())?;
         let auth = token
             .map(|t| {
                 let mut v = hyper::header::HeaderValue::try_from(format!("Bearer {}", t.trim()))
@@ -415,16 +388,17 @@ impl Transport for HttpTransport {
         let call = async {
             let resp = self
                 .client
-                .request(req)
+                .send(req)
                 .await
-                .map_err(|e| SendError::Unreachable(error_chain(&e)))?;
+                .map_err(|e| SendError::Unreachable(e.to_string()))?;
             let status = resp.status();
+            let body = Limited::new(resp.into_body(), MAX_ANSWER_BYTES);
             if status.is_success() {
                 // Drain the body so the connection can be reused.
-                let _ = resp.into_body().collect().await;
+                let _ = body.collect().await;
                 return Ok(());
             }
-            let body = match resp.into_body().collect().await {
+            let body = match body.collect().await {
                 Ok(b) => {
                     let bytes = b.to_bytes();
                     String::from_utf8_lossy(&bytes[..bytes.len().min(256)]).into_owned()
@@ -449,17 +423,6 @@ impl Transport for HttpTransport {
             ))),
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }
 
 /// Who this agent is, stamped on every batch.
@@ -489,7 +452,8 @@ pub struct Shipper<T> {
     outbox: Outbox,
     seq: u64,
     failed_batches: u64,
-    backoff: Duration,
+    /// Failed attempts since the last delivery: the exponent of the next wait.
+    failures_in_row: u32,
     next_attempt: Instant,
     /// Last delivery; `None` sends a heartbeat at once, so the controller learns of a
     /// new agent without waiting.
@@ -514,7 +478,7 @@ impl<T: Transport> Shipper<T> {
         let now = Instant::now();
         Shipper {
             outbox: Outbox::new(cfg.buffer_max_bytes),
-            backoff: cfg.backoff_initial,
+            failures_in_row: 0,
             cfg,
             transport,
             id,
@@ -639,12 +603,15 @@ impl<T: Transport> Shipper<T> {
             tracing::warn!(error = %e, kept = self.outbox.len(), "cannot deliver to the controller; keeping batches");
         }
         self.connected = false;
-        // Full jitter over the upper half: agents that lost the controller together do
-        // not come back together.
-        let ms = self.backoff.as_millis() as u64;
-        let wait = self.rng.random_range(ms / 2..=ms.max(1));
-        self.next_attempt = now + Duration::from_millis(wait);
-        self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
+        // Jitter over the upper half: agents that lost the controller together do not
+        // come back together.
+        let wait = Backoff::new(self.cfg.backoff_initial, self.cfg.backoff_max).delay(
+            self.failures_in_row,
+            self.rng.random::<f64>(),
+            None,
+        );
+        self.next_attempt = now + wait;
+        self.failures_in_row = self.failures_in_row.saturating_add(1);
         if let Some(m) = &self.metrics {
             m.batches_failed.inc();
         }
@@ -699,7 +666,7 @@ impl<T: Transport> Shipper<T> {
             tracing::info!(kept = self.outbox.len(), "controller reachable again");
         }
         self.connected = true;
-        self.backoff = self.cfg.backoff_initial;
+        self.failures_in_row = 0;
         self.next_attempt = now;
         self.last_delivery = Some(now);
         if let Some(m) = &self.metrics {

@@ -1,5 +1,6 @@
 //! A small client of the controller's HTTP API for the operator commands, over the
-//! diagnosis crate's [`HyperTransport`] (http and https). Errors carry what the exit
+//! diagnosis crate's [`HyperTransport`] (Warden's one HTTP client: http and https,
+//! proxies from `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`). Errors carry what the exit
 //! code is made of: the HTTP status, or that the server could not be reached.
 
 use std::time::Duration;

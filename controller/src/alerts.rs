@@ -494,16 +494,15 @@ impl Delivery {
     }
 }
 
+/// The wait between attempts: from [`BACKOFF_BASE`], doubling, never over
+/// [`BACKOFF_MAX`] (`Retry-After` included).
+const BACKOFF: warden_http::Backoff = warden_http::Backoff::new(BACKOFF_BASE, BACKOFF_MAX);
+
 /// The wait before retry number `attempt` (0 = the first retry): `BACKOFF_BASE · 2^attempt`
 /// scaled by a jitter in [50 %, 100 %] (`unit` in [0, 1]), or the server's `Retry-After`
 /// when longer; never over [`BACKOFF_MAX`].
 fn backoff(attempt: u32, unit: f64, retry_after_secs: Option<u64>) -> Duration {
-    let exp = BACKOFF_BASE
-        .saturating_mul(1u32 << attempt.min(16))
-        .min(BACKOFF_MAX);
-    let ours = exp.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0));
-    let theirs = retry_after_secs.map_or(Duration::ZERO, Duration::from_secs);
-    ours.max(theirs).min(BACKOFF_MAX)
+    BACKOFF.delay(attempt, unit, retry_after_secs.map(Duration::from_secs))
 }
 
 /// POST `body` through `transport`, retrying what may pass later.

@@ -16,10 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
 use serde::Deserialize;
 use tokio::sync::{Semaphore, mpsc};
 use tracing::Instrument;
@@ -27,6 +24,7 @@ use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser};
 use warden_diagnosis::redact::{Pseudonyms, Redactor};
 use warden_diagnosis::rules::RuleSet;
 use warden_diagnosis::{Diagnosis, LogLine, PipelineOptions};
+use warden_http::HttpClient;
 use warden_model::wire::MAX_NAME_LEN;
 use warden_model::{DiagnosisEvidence, IncidentDiagnosis, NodeName, Timestamp};
 
@@ -225,7 +223,9 @@ const MAX_ANSWER_BYTES: usize = 64 << 20;
 /// Pulls log windows from the agents' `GET /api/v1/logs`.
 #[derive(Clone)]
 pub struct HttpLogSource {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    /// `None` when the client could not be set up (its TLS settings); every fetch then
+    /// fails, saying so.
+    client: Option<HttpClient>,
     url_template: String,
     urls: Arc<BTreeMap<String, String>>,
     token: Option<Arc<str>>,
@@ -249,7 +249,7 @@ impl HttpLogSource {
     /// sending `token` as a bearer token when given.
     pub fn new(url_template: &str, token: Option<String>, timeout: Duration) -> Self {
         HttpLogSource {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: HttpClient::builder().build().ok(),
             url_template: url_template.trim_end_matches('/').to_owned(),
             urls: Arc::default(),
             token: token.map(Arc::from),
@@ -308,30 +308,23 @@ impl HttpLogSource {
             builder = builder.header(hyper::header::AUTHORIZATION, value);
         }
         let request = builder
-            .body(Empty::new())
+            .body(Full::new(Bytes::new()))
             .map_err(|e| FetchError::Transport(e.to_string()))?;
-        let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| FetchError::Transport(e.to_string()))?;
-            let status = response.status();
-            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-                .collect()
-                .await
-                .map_err(|e| FetchError::Transport(e.to_string()))?
-                .to_bytes();
-            Ok::<_, FetchError>((status, body))
+        let Some(client) = &self.client else {
+            return Err(FetchError::Transport(
+                "the HTTP client could not be set up".into(),
+            ));
         };
         let ms = self.timeout.as_millis() as u64;
-        let (status, body) = tokio::time::timeout(self.timeout, exchange)
+        let answer = tokio::time::timeout(self.timeout, client.fetch(request, MAX_ANSWER_BYTES))
             .await
-            .map_err(|_| FetchError::Timeout(ms))??;
-        if !status.is_success() {
+            .map_err(|_| FetchError::Timeout(ms))?
+            .map_err(|e| FetchError::Transport(e.to_string()))?;
+        let (status, body) = (answer.status, answer.body);
+        if !(200..300).contains(&status) {
             let text = String::from_utf8_lossy(&body);
             return Err(FetchError::Status {
-                status: status.as_u16(),
+                status,
                 body: text.chars().take(200).collect(),
             });
         }

@@ -6,15 +6,12 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use warden_http::HttpClient;
 
 /// Largest body relayed either way, bytes (the ingest limit's default).
 pub const MAX_RELAY_BYTES: usize = 16 * 1024 * 1024;
@@ -25,34 +22,31 @@ pub const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Header naming the controller that answered a relayed request.
 pub const RELAYED_BY: &str = "x-warden-relayed-by";
 
-type Relay = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-static CLIENT: OnceLock<Relay> = OnceLock::new();
+static CLIENT: OnceLock<HttpClient> = OnceLock::new();
 
 /// Relay over https trusting `tls` (public roots and a private CA); call once at start,
 /// before the first relay. Without it, relays trust the public roots only.
 pub fn configure(tls: rustls::ClientConfig) {
-    let _ = CLIENT.set(build(tls));
+    if let Ok(client) = build(Some(tls)) {
+        let _ = CLIENT.set(client);
+    }
 }
 
-fn build(tls: rustls::ClientConfig) -> Relay {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(Duration::from_secs(3)));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new()).build(https)
+/// The relay's client (proxies from the environment, like every client of Warden).
+fn build(tls: Option<rustls::ClientConfig>) -> Result<HttpClient, warden_http::Error> {
+    let mut builder = HttpClient::builder().connect_timeout(Duration::from_secs(3));
+    if let Some(tls) = tls {
+        builder = builder.tls(tls);
+    }
+    builder.build()
 }
 
-fn client() -> Option<&'static Relay> {
+fn client() -> Option<&'static HttpClient> {
     if let Some(c) = CLIENT.get() {
         return Some(c);
     }
-    let tls = crate::tls::client_config(None).ok()?;
-    Some(CLIENT.get_or_init(|| build(tls)))
+    let client = build(None).ok()?;
+    Some(CLIENT.get_or_init(|| client))
 }
 
 fn unavailable(text: String) -> Response {
@@ -107,9 +101,12 @@ pub async fn relay(req: Request, leader: Option<String>, me: &str) -> Response {
     let Some(client) = client() else {
         return unavailable("cannot set up the relay's TLS client".into());
     };
-    let answer = tokio::time::timeout(RELAY_TIMEOUT, client.request(out)).await;
-    let resp = match answer {
+    let answer = tokio::time::timeout(RELAY_TIMEOUT, client.fetch(out, MAX_RELAY_BYTES)).await;
+    let answer = match answer {
         Ok(Ok(r)) => r,
+        Ok(Err(e @ warden_http::Error::TooLarge(_))) => {
+            return unavailable(format!("the leader's answer broke off: {e}"));
+        }
         Ok(Err(e)) => return unavailable(format!("the leader did not answer: {e}")),
         Err(_) => {
             return unavailable(format!(
@@ -118,24 +115,22 @@ pub async fn relay(req: Request, leader: Option<String>, me: &str) -> Response {
             ));
         }
     };
-    let (parts, body) = resp.into_parts();
-    let bytes = match Limited::new(body, MAX_RELAY_BYTES).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => return unavailable(format!("the leader's answer broke off: {e}")),
+    let Ok(status) = StatusCode::from_u16(answer.status) else {
+        return unavailable(format!("the leader answered status {}", answer.status));
     };
-    let mut resp = Response::builder().status(parts.status);
+    let mut resp = Response::builder().status(status);
     for name in [
         header::CONTENT_TYPE,
         header::WWW_AUTHENTICATE,
         header::RETRY_AFTER,
     ] {
-        if let Some(v) = parts.headers.get(&name) {
+        if let Some(v) = answer.headers.get(&name) {
             resp = resp.header(name, v);
         }
     }
     if let Ok(v) = HeaderValue::from_str(me) {
         resp = resp.header(RELAYED_BY, v);
     }
-    resp.body(Body::from(bytes))
+    resp.body(Body::from(answer.body))
         .unwrap_or_else(|e| unavailable(format!("cannot pass the leader's answer on: {e}")))
 }

@@ -109,14 +109,12 @@ pub fn start(
     tls: Arc<rustls::ClientConfig>,
 ) -> Result<SdkTracerProvider, TelemetryError> {
     let timeout = Duration::from_millis(config.timeout_ms.unwrap_or(10_000));
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(Duration::from_secs(3)));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config((*tls).clone())
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
+    // Warden's one connector: the same TLS trust and proxies as every other client.
+    let https = warden_http::HttpClient::builder()
+        .connect_timeout(Duration::from_secs(3))
+        .tls((*tls).clone())
+        .connector()
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
     let client = opentelemetry_http::hyper::HyperClient::new(https, timeout, None);
     let mut builder = opentelemetry_otlp::SpanExporter::builder()
         .with_http()

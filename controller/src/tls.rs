@@ -80,32 +80,16 @@ pub fn server_config(cfg: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsEr
 }
 
 /// A TLS client configuration trusting the public (Mozilla) roots and the CA
-/// certificates in `ca_file`, when given.
+/// certificates in `ca_file`, when given (warden-http's, with this module's errors).
 pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, TlsError> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(path) = ca_file {
-        let pem = |detail: String| TlsError::Pem {
+    warden_http::tls::client_config(ca_file).map_err(|e| match e {
+        warden_http::tls::TlsError::CaFile { path, detail } => TlsError::Pem {
             what: "CA file",
-            path: path.display().to_string(),
+            path,
             detail,
-        };
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-            .map_err(|e| pem(e.to_string()))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| pem(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(pem("no CERTIFICATE block".into()));
-        }
-        for c in certs {
-            roots.add(c).map_err(TlsError::Config)?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+        },
+        warden_http::tls::TlsError::Config(e) => TlsError::Config(e),
+    })
 }
 
 /// A listener whose connections are TLS streams with a finished handshake.

@@ -14,8 +14,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Value, json};
 
-use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser, LlmError, Outcome};
+use warden_diagnosis::llm::http::completions_url;
+use warden_diagnosis::llm::{HyperTransport, LlmConfig, LlmDiagnoser, LlmError, Outcome};
 use warden_diagnosis::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus};
+use warden_http::Proxies;
+use warden_http::testing::ProxyDouble;
 use warden_testkit::{PATIENCE, poll_async, scaled, wait_for_async};
 
 /// One scripted reply of the test server.
@@ -298,6 +301,52 @@ async fn a_good_answer_refines_the_rules_answer_and_names_the_real_node() {
     assert_eq!(d.rule_ids, rules_answer().rule_ids);
     assert_eq!(d.evidence, evidence());
     assert_valid(&d, &evidence());
+}
+
+/// A client whose proxies are `HTTP_PROXY=<proxy>` and `NO_PROXY=<no_proxy>`.
+fn proxied_client(server: &TestServer, proxy: &ProxyDouble, no_proxy: &str) -> LlmDiagnoser {
+    let (proxy_url, no_proxy) = (proxy.url(), no_proxy.to_owned());
+    let proxies = Proxies::from_lookup(move |name| match name {
+        "HTTP_PROXY" => Some(proxy_url.clone()),
+        "NO_PROXY" => Some(no_proxy.clone()),
+        _ => None,
+    });
+    let transport = HyperTransport::with_proxies(
+        &completions_url(&server.url),
+        None,
+        Duration::from_secs(10),
+        proxies,
+    )
+    .expect("transport");
+    LlmDiagnoser::with_transport(server.config(), Arc::new(transport)).expect("client")
+}
+
+#[tokio::test]
+async fn the_client_goes_through_the_http_proxy_unless_no_proxy_names_the_server() {
+    let server = TestServer::start(vec![]).await;
+    let proxy = ProxyDouble::start().await.expect("a proxy on loopback");
+    let url = completions_url(&server.url);
+
+    let llm = proxied_client(&server, &proxy, "");
+    let (d, outcome) = llm.refine(&rules_answer(), &evidence()).await;
+    assert!(matches!(outcome, Outcome::Refined { .. }), "{outcome:?}");
+    assert_eq!(d.source, "llm:test-model");
+    assert_eq!(
+        proxy.request_lines(),
+        [format!("POST {url} HTTP/1.1")],
+        "asked of the proxy, in absolute form"
+    );
+    assert_eq!(server.requests(), 1, "and passed on to the server");
+
+    let llm = proxied_client(&server, &proxy, "example.org, 127.0.0.1");
+    let (_, outcome) = llm.refine(&rules_answer(), &evidence()).await;
+    assert!(matches!(outcome, Outcome::Refined { .. }), "{outcome:?}");
+    assert_eq!(server.requests(), 2);
+    assert_eq!(
+        proxy.request_lines().len(),
+        1,
+        "NO_PROXY bypasses the proxy"
+    );
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! The one door to the network: POST a JSON body to the chat-completions URL and read
 //! the answer, bounded in size. [`ChatTransport`] is the narrow seam; [`HyperTransport`]
-//! (hyper 1, rustls with the ring provider and the Mozilla roots) is the real one. The
-//! controller's incident alerts post through the same client
+//! (Warden's one HTTP client, [`warden_http::HttpClient`]: rustls with the Mozilla
+//! roots, proxies from `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`) is the real one. The
+//! controller's incident alerts post through the same transport
 //! ([`HyperTransport::for_url`]), and the `warden` CLI's operator commands call the
 //! controller's API with it ([`HyperTransport::send`]).
 
@@ -10,30 +11,13 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::{HeaderMap, Method, Request, Uri};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
+use hyper::{Method, Request, Uri};
+use warden_http::{HttpClient, Proxies};
 
 use super::config::ApiKey;
 
-/// Largest answer body read; anything longer is an error.
-pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
-
-/// What came back from one POST.
-#[derive(Debug, Clone)]
-pub struct HttpResponse {
-    /// The status code.
-    pub status: u16,
-    /// `Retry-After` in seconds, when the server sent one as a number.
-    pub retry_after_secs: Option<u64>,
-    /// Every header of the answer.
-    pub headers: HeaderMap,
-    /// The body.
-    pub body: Bytes,
-}
+pub use warden_http::{HttpResponse, MAX_RESPONSE_BYTES, origin};
 
 /// Why a POST produced no response.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,7 +41,7 @@ pub trait ChatTransport: Send + Sync + std::fmt::Debug {
 
 /// [`ChatTransport`] over hyper, for `http://` and `https://` URLs.
 pub struct HyperTransport {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpClient,
     uri: Uri,
     auth: Option<ApiKey>,
     user_agent: &'static str,
@@ -70,17 +54,6 @@ impl std::fmt::Debug for HyperTransport {
             .field("origin", &origin(&self.uri))
             .field("auth", &self.auth)
             .finish_non_exhaustive()
-    }
-}
-
-/// `scheme://host[:port]` of `uri`, without user info, path or query: what may be
-/// logged of a URL that can carry credentials.
-pub fn origin(uri: &Uri) -> String {
-    let scheme = uri.scheme_str().unwrap_or("http");
-    match (uri.host(), uri.port_u16()) {
-        (Some(host), Some(port)) => format!("{scheme}://{host}:{port}"),
-        (Some(host), None) => format!("{scheme}://{host}"),
-        (None, _) => format!("{scheme}://?"),
     }
 }
 
@@ -104,28 +77,32 @@ impl HyperTransport {
         Self::for_url(&completions_url(base_url), key, connect_timeout)
     }
 
-    /// A client that posts to `url` exactly as given (`http://` or `https://`).
+    /// A client that posts to `url` exactly as given (`http://` or `https://`), through
+    /// the proxies the environment names.
     pub fn for_url(
         url: &str,
         key: Option<ApiKey>,
         connect_timeout: Duration,
     ) -> Result<Self, TransportError> {
+        Self::with_proxies(url, key, connect_timeout, Proxies::from_env())
+    }
+
+    /// [`HyperTransport::for_url`] through `proxies` instead of the environment's.
+    pub fn with_proxies(
+        url: &str,
+        key: Option<ApiKey>,
+        connect_timeout: Duration,
+        proxies: Proxies,
+    ) -> Result<Self, TransportError> {
         let uri = url
             .parse::<Uri>()
             .map_err(|e| TransportError::Connection(format!("bad URL: {e}")))?;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(connect_timeout));
-        http.set_nodelay(true);
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-            .map_err(|e| TransportError::Connection(format!("TLS setup: {e}")))?
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
+        let client = HttpClient::builder()
+            .connect_timeout(connect_timeout)
             .pool_idle_timeout(Duration::from_secs(30))
-            .build(https);
+            .proxies(proxies)
+            .build()
+            .map_err(TransportError::from)?;
         Ok(HyperTransport {
             client,
             uri,
@@ -180,35 +157,10 @@ impl HyperTransport {
         let req = req
             .body(Full::new(body.unwrap_or_default()))
             .map_err(|e| TransportError::Connection(e.to_string()))?;
-        let resp = self
-            .client
-            .request(req)
+        self.client
+            .fetch(req, MAX_RESPONSE_BYTES)
             .await
-            .map_err(|e| TransportError::Connection(error_chain(&e)))?;
-        let status = resp.status();
-        let retry_after_secs = resp
-            .headers()
-            .get(hyper::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let headers = resp.headers().clone();
-        let body = Limited::new(resp.into_body(), MAX_RESPONSE_BYTES)
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.is::<http_body_util::LengthLimitError>() {
-                    TransportError::TooLarge
-                } else {
-                    TransportError::Connection(e.to_string())
-                }
-            })?
-            .to_bytes();
-        Ok(HttpResponse {
-            status: status.as_u16(),
-            retry_after_secs,
-            headers,
-            body,
-        })
+            .map_err(TransportError::from)
     }
 }
 
@@ -230,16 +182,14 @@ impl ChatTransport for HyperTransport {
     }
 }
 
-/// An error and its sources on one line (hyper's top-level message alone says little).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        src = s.source();
+impl From<warden_http::Error> for TransportError {
+    fn from(e: warden_http::Error) -> Self {
+        match e {
+            warden_http::Error::TooLarge(_) => TransportError::TooLarge,
+            warden_http::Error::Connection(detail) => TransportError::Connection(detail),
+            other => TransportError::Connection(other.to_string()),
+        }
     }
-    out
 }
 
 #[cfg(test)]

@@ -494,17 +494,18 @@ impl LlmDiagnoser {
     }
 }
 
-/// The wait before attempt `attempt + 1`: `base · 2^attempt` with jitter in
-/// [50 %, 100 %] derived from the request, or the server's `Retry-After` if longer;
-/// capped at [`MAX_BACKOFF`].
+/// The wait before attempt `attempt + 1`: `base · 2^attempt` (at most
+/// [`MAX_BACKOFF`]) with jitter in [50 %, 100 %] derived from the request, or the
+/// server's `Retry-After` if longer; capped at [`MAX_BACKOFF`].
 fn backoff(base_ms: u64, attempt: u32, key: u64, retry_after_secs: Option<u64>) -> Duration {
-    let exp = base_ms.saturating_mul(1u64 << attempt.min(16));
     let mut h = DefaultHasher::new();
     (key, attempt).hash(&mut h);
-    let jitter = 50 + h.finish() % 51; // percent
-    let ours = Duration::from_millis(exp.saturating_mul(jitter) / 100);
-    let theirs = retry_after_secs.map_or(Duration::ZERO, Duration::from_secs);
-    ours.max(theirs).min(MAX_BACKOFF)
+    let unit = (h.finish() % 51) as f64 / 50.0;
+    warden_http::Backoff::new(Duration::from_millis(base_ms), MAX_BACKOFF).delay(
+        attempt,
+        unit,
+        retry_after_secs.map(Duration::from_secs),
+    )
 }
 
 /// Shortest API key cut out of error bodies by value (a shorter one would cut words).

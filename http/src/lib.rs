@@ -1,0 +1,22 @@
+//! Warden's one HTTP client and its one retry backoff.
+//!
+//! Every outgoing HTTP request of Warden (the LLM client, incident alerts, the `warden`
+//! CLI, the agent's shipping, a follower controller's relay, the controller's log
+//! fetches from agents, trace export) goes through [`HttpClient`] or its [`Connector`]:
+//! hyper 1 over rustls (the ring provider; the Mozilla roots unless the caller gives
+//! its own [`rustls::ClientConfig`]), a connect timeout, answers read up to a bound,
+//! and proxies taken from `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY` ([`Proxies`]).
+//! Retries wait as [`Backoff`] says.
+
+pub mod backoff;
+mod client;
+pub mod proxy;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod tls;
+
+pub use backoff::Backoff;
+pub use client::{
+    Builder, Connector, Error, HttpClient, HttpResponse, MAX_RESPONSE_BYTES, error_chain, origin,
+};
+pub use proxy::Proxies;
