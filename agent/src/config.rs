@@ -358,14 +358,7 @@ impl ConfigFile {
     /// Parse a YAML document; each top-level section is checked on its own so one
     /// mistake does not hide the next.
     pub fn from_yaml(text: &str, origin: &str) -> Result<ConfigFile, ConfigErrors> {
-        let mut loader = Loader::from_text(text, origin, |_| None);
-        let file = ConfigFile::read(&mut loader);
-        let errors = loader.into_errors();
-        if errors.is_empty() {
-            Ok(file)
-        } else {
-            Err(ConfigErrors(errors))
-        }
+        Loader::read_text(text, origin, ConfigFile::read)
     }
 
     fn read(l: &mut Loader<'_>) -> ConfigFile {

@@ -132,6 +132,22 @@ impl<'e> Loader<'e> {
         Self::with_origin(origin.to_owned(), doc, errors, env)
     }
 
+    /// The file's text alone, read by `read` (which takes its sections): what `read`
+    /// returns, or every mistake in the text. For checking a file without the other layers.
+    pub fn read_text<T>(
+        text: &str,
+        origin: &str,
+        read: impl FnOnce(&mut Loader<'_>) -> T,
+    ) -> Result<T, ConfigErrors> {
+        let mut loader = Loader::from_text(text, origin, |_| None);
+        let out = read(&mut loader);
+        if loader.errors.is_empty() {
+            Ok(out)
+        } else {
+            Err(ConfigErrors(loader.errors))
+        }
+    }
+
     fn with_origin(
         origin: String,
         doc: Map<String, Value>,
@@ -299,11 +315,6 @@ impl<'e> Loader<'e> {
                 message: "the configuration is incomplete".into(),
             }])),
         }
-    }
-
-    /// Every mistake recorded, for a parser that reports but does not build.
-    pub fn into_errors(self) -> Vec<ConfigError> {
-        self.errors
     }
 }
 

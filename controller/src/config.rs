@@ -155,14 +155,7 @@ impl ConfigFile {
     /// Parse a YAML document. Every unknown field and every ill-typed value is reported,
     /// not only the first one.
     pub fn from_yaml(text: &str, origin: &str) -> Result<ConfigFile, ConfigErrors> {
-        let mut loader = Loader::from_text(text, origin, |_| None);
-        let file = ConfigFile::read(&mut loader);
-        let errors = loader.into_errors();
-        if errors.is_empty() {
-            Ok(file)
-        } else {
-            Err(ConfigErrors(errors))
-        }
+        Loader::read_text(text, origin, ConfigFile::read)
     }
 
     /// The file's sections, each checked on its own so that one mistake does not hide

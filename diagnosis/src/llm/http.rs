@@ -197,15 +197,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn origin_keeps_credentials_paths_and_queries_out() {
-        let uri: Uri = "https://user:secret@hooks.example.com/services/T0/B1/XYZ?token=abc"
-            .parse()
-            .expect("valid URL");
-        assert_eq!(origin(&uri), "https://hooks.example.com");
-        let uri: Uri = "http://127.0.0.1:9093/api/v2/alerts"
-            .parse()
-            .expect("valid");
-        assert_eq!(origin(&uri), "http://127.0.0.1:9093");
+    fn the_transport_prints_its_origin_only() {
         let t = HyperTransport::for_url(
             "https://hooks.example.com/services/T0/B1/XYZ",
             None,
