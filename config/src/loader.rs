@@ -173,11 +173,6 @@ impl<'e> Loader<'e> {
         (self.env)(name).filter(|v| !v.trim().is_empty())
     }
 
-    /// Whether the file has the top-level key `key`.
-    pub fn has(&self, key: &str) -> bool {
-        self.doc.contains_key(key)
-    }
-
     /// The file's top-level section `key` as `T`, taken out of the file (so
     /// [`Loader::unknown_keys`] does not name it); `None` when absent or ill-typed (then
     /// a mistake naming `key.path.of.the.value` is recorded). The section's origin is
@@ -227,16 +222,6 @@ impl<'e> Loader<'e> {
             field: field.to_owned(),
             message: message.into(),
         });
-    }
-
-    /// Record that `field` in force came from `origin`.
-    pub fn given(&mut self, field: &str, origin: &str) {
-        self.provenance.set(field, origin);
-    }
-
-    /// Whether a mistake has been recorded so far.
-    pub fn has_errors(&self) -> bool {
-        !self.errors.is_empty()
     }
 
     /// One setting over its layers, lowest first (`(origin, raw value)`: the file's

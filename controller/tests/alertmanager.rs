@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use warden_controller::alerts::{self, AlertmanagerConfig, AlertsConfig, SecretUrl, WebhookConfig};
 use warden_controller::metrics::Metrics;
 use warden_engine::{Change, Clock, SystemClock};
-use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity};
+use warden_model::{Incident, IncidentState};
 use warden_testkit::{PATIENCE, scaled, wait_for_async};
 
 /// Longest wait for one notification (Alertmanager groups for a second, then sends),
@@ -235,31 +235,7 @@ impl Receiver {
 }
 
 fn incident(id: &str) -> Incident {
-    let now = SystemClock.now();
-    Incident {
-        id: id.to_owned(),
-        kind: IncidentKind::GpuFault,
-        job: Some("llama-70b".into()),
-        state: IncidentState::Open,
-        acknowledged: false,
-        severity: Severity::Critical,
-        ranks: vec![12, 13],
-        nodes: vec!["gpu-07".into()],
-        gpus: vec![GpuRef {
-            node: "gpu-07".into(),
-            index: 4,
-        }],
-        onset: now.plus_secs(-2.0),
-        detected_at: now,
-        updated_at: now,
-        resolved_at: None,
-        confidence: 1.0,
-        summary: "XID 79: gpu-07 GPU 4 fell off the bus".into(),
-        evidence: vec![],
-        finding_count: 1,
-        timeline: vec![],
-        diagnosis: None,
-    }
+    support::gpu_fault_incident(id, vec![12, 13])
 }
 
 /// The value of `warden_alerts_sent_total{sink,result}`.

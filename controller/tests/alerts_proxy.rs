@@ -16,10 +16,12 @@ use axum::extract::State;
 use axum::routing::post;
 use warden_controller::alerts::{self, AlertsConfig, SecretUrl, WebhookConfig};
 use warden_controller::metrics::Metrics;
-use warden_engine::{Change, Clock, SystemClock};
+use warden_engine::Change;
 use warden_http::testing::ProxyDouble;
-use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity};
+use warden_model::Incident;
 use warden_testkit::{PATIENCE, scaled, wait_for_async};
+
+mod support;
 
 /// Names the webhook URL in a child's environment, and makes the `child_` test run.
 const CHILD: &str = "WARDEN_TEST_ALERTS_PROXY_WEBHOOK";
@@ -27,31 +29,7 @@ const CHILD: &str = "WARDEN_TEST_ALERTS_PROXY_WEBHOOK";
 const PATH: &str = "/services/T000/B000/SECRET";
 
 fn incident(id: &str) -> Incident {
-    let now = SystemClock.now();
-    Incident {
-        id: id.to_owned(),
-        kind: IncidentKind::GpuFault,
-        job: Some("llama-70b".into()),
-        state: IncidentState::Open,
-        acknowledged: false,
-        severity: Severity::Critical,
-        ranks: vec![12],
-        nodes: vec!["gpu-07".into()],
-        gpus: vec![GpuRef {
-            node: "gpu-07".into(),
-            index: 4,
-        }],
-        onset: now.plus_secs(-2.0),
-        detected_at: now,
-        updated_at: now,
-        resolved_at: None,
-        confidence: 1.0,
-        summary: "XID 79: gpu-07 GPU 4 fell off the bus".into(),
-        evidence: vec![],
-        finding_count: 1,
-        timeline: vec![],
-        diagnosis: None,
-    }
+    support::gpu_fault_incident(id, vec![12])
 }
 
 fn sent(metrics: &Metrics, result: &str) -> u64 {

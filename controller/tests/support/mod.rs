@@ -134,3 +134,35 @@ pub fn recording_actuator(dir: &Path, before: &str, fields: &str) -> (PathBuf, P
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     (script, log)
 }
+
+/// An open, critical XID 79 incident on gpu-07 GPU 4 of job `llama-70b`, naming `ranks`,
+/// detected now: what the alert tests send.
+pub fn gpu_fault_incident(id: &str, ranks: Vec<u32>) -> warden_model::Incident {
+    use warden_engine::{Clock, SystemClock};
+    use warden_model::{GpuRef, Incident, IncidentKind, IncidentState, Severity};
+    let now = SystemClock.now();
+    Incident {
+        id: id.to_owned(),
+        kind: IncidentKind::GpuFault,
+        job: Some("llama-70b".into()),
+        state: IncidentState::Open,
+        acknowledged: false,
+        severity: Severity::Critical,
+        ranks,
+        nodes: vec!["gpu-07".into()],
+        gpus: vec![GpuRef {
+            node: "gpu-07".into(),
+            index: 4,
+        }],
+        onset: now.plus_secs(-2.0),
+        detected_at: now,
+        updated_at: now,
+        resolved_at: None,
+        confidence: 1.0,
+        summary: "XID 79: gpu-07 GPU 4 fell off the bus".into(),
+        evidence: vec![],
+        finding_count: 1,
+        timeline: vec![],
+        diagnosis: None,
+    }
+}
