@@ -1,5 +1,5 @@
 //! Rebuilds the controller when a migration is added to or removed from
-//! `migrations/`, which `sqlx::migrate!` embeds (it tracks the files it read, not the
+//! `migrations/`, which sqlx's `migrate!` embeds (it tracks the files it read, not the
 //! directory).
 
 fn main() {

@@ -10,7 +10,7 @@ use warden_diagnosis::llm::ApiKey;
 use warden_model::view::{IncidentView, NodeView, RemedyStatus};
 
 use crate::client::{ApiClient, OpsError, encode};
-use crate::settings::{EnvValues, FlagValues, Settings};
+use crate::settings::{FlagValues, Settings};
 use crate::show;
 
 /// The exit codes of the commands that talk to a controller, for their help.
@@ -333,10 +333,15 @@ fn run(conn: &ConnArgs, f: impl for<'a> FnOnce(&'a ApiClient, Output) -> Step<'a
         token_file: conn.token_file.clone(),
         config: conn.config.clone(),
     };
-    let result = Settings::load(&flags, &EnvValues::from_process())
+    let result = Settings::load(&flags, |name| std::env::var(name).ok())
         .map_err(|e| OpsError::Usage(e.0))
         .and_then(|settings| {
-            tracing::debug!(server = %settings.server, config = ?settings.config, "settings");
+            tracing::debug!(
+                server = %settings.server,
+                config = ?settings.config,
+                settings = %settings.provenance,
+                "settings"
+            );
             let client = ApiClient::new(&settings)?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

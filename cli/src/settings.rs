@@ -1,9 +1,13 @@
-//! Where the operator commands find the controller and their token: flags, then
-//! `WARDEN_*` variables, then the config file, then defaults. The token is held as an
-//! [`ApiKey`], whose `Debug` and `Display` print `***`, and no error names it.
+//! Where the operator commands find the controller and their token, put together by
+//! `warden-config`'s [`Loader`] like the agent's and the controller's settings: the
+//! config file, then `WARDEN_*` variables, then flags, every mistake at once, and where
+//! each setting came from. The token is held as an [`ApiKey`], whose `Debug` and
+//! `Display` print `***`, and no error names it.
 
 use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+use warden_config::{Loaded, Loader, Provenance};
 use warden_diagnosis::llm::ApiKey;
 
 /// The controller's address when nothing else names one.
@@ -30,135 +34,9 @@ pub struct FlagValues {
     pub config: Option<PathBuf>,
 }
 
-/// What the environment said; an empty variable counts as unset.
-#[derive(Debug, Default, Clone)]
-pub struct EnvValues {
-    /// `WARDEN_SERVER`.
-    pub server: Option<String>,
-    /// `WARDEN_TOKEN`.
-    pub token: Option<ApiKey>,
-    /// `WARDEN_TOKEN_FILE`.
-    pub token_file: Option<PathBuf>,
-    /// `WARDEN_CONFIG`.
-    pub config: Option<PathBuf>,
-    /// The default config file's directory: `$XDG_CONFIG_HOME`, else `$HOME/.config`.
-    pub config_home: Option<PathBuf>,
-}
-
-impl EnvValues {
-    /// Read through `var` (`std::env::var` in the binary, a map in tests).
-    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Self {
-        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
-        let config_home = get("XDG_CONFIG_HOME")
-            .map(PathBuf::from)
-            .or_else(|| get("HOME").map(|h| Path::new(&h).join(".config")));
-        EnvValues {
-            server: get("WARDEN_SERVER"),
-            token: get("WARDEN_TOKEN").map(|t| ApiKey::new(t.trim())),
-            token_file: get("WARDEN_TOKEN_FILE").map(PathBuf::from),
-            config: get("WARDEN_CONFIG").map(PathBuf::from),
-            config_home,
-        }
-    }
-
-    /// The process environment.
-    pub fn from_process() -> Self {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-}
-
-/// The config file: `server`, `token_file` (relative paths are taken from the file's
-/// directory; `~/` is the home directory) and, discouraged, `token`.
-#[derive(Default, Clone)]
-pub struct FileValues {
-    /// `server:`.
-    pub server: Option<String>,
-    /// `token_file:`, resolved against the file's directory.
-    pub token_file: Option<PathBuf>,
-    /// `token:`.
-    pub token: Option<ApiKey>,
-}
-
-impl std::fmt::Debug for FileValues {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FileValues")
-            .field("server", &self.server)
-            .field("token_file", &self.token_file)
-            .field("token", &self.token)
-            .finish()
-    }
-}
-
+/// The config file's keys: `server`, `token_file` (relative paths are taken from the
+/// file's directory; `~/` is the home directory) and, discouraged, `token`.
 const FILE_KEYS: [&str; 3] = ["server", "token_file", "token"];
-
-impl FileValues {
-    /// Parse the text of config file `path`. Errors name the file and the key, never a
-    /// value (the `token` value must not appear in any message).
-    pub fn parse(text: &str, path: &Path, home: Option<&Path>) -> Result<Self, SettingsError> {
-        let at = |what: String| SettingsError(format!("config file {}: {what}", path.display()));
-        if text.trim().is_empty() {
-            return Ok(FileValues::default());
-        }
-        // Parsed as a generic value first: a typed parse would quote a mistyped token
-        // back in its error message (and the YAML reader never quotes the source).
-        let value: serde_json::Value = warden_model::yaml::from_str(text).map_err(|e| {
-            let place = match (e.line, e.column) {
-                (Some(l), Some(c)) => format!(" at line {l} column {c}"),
-                _ => String::new(),
-            };
-            at(format!("not valid YAML{place}"))
-        })?;
-        let map = match value {
-            serde_json::Value::Object(m) => m,
-            serde_json::Value::Null => return Ok(FileValues::default()),
-            _ => return Err(at("expected a mapping of `key: value` lines".into())),
-        };
-        let mut out = FileValues::default();
-        let mut problems = vec![];
-        for (key, value) in map {
-            let text = match &value {
-                serde_json::Value::String(s) => Some(s.trim().to_owned()),
-                serde_json::Value::Number(n) if key == "token" => Some(n.to_string()),
-                serde_json::Value::Null => None,
-                _ => {
-                    problems.push(format!("`{key}` must be a string"));
-                    continue;
-                }
-            };
-            let text = text.filter(|t| !t.is_empty());
-            match key.as_str() {
-                "server" => out.server = text,
-                "token" => out.token = text.map(ApiKey::new),
-                "token_file" => {
-                    out.token_file = text.map(|t| resolve_path(&t, path, home));
-                }
-                other => problems.push(format!(
-                    "unknown key `{other}`; allowed: {}",
-                    FILE_KEYS.join(", ")
-                )),
-            }
-        }
-        if out.token.is_some() && out.token_file.is_some() {
-            problems.push("set only one of `token` and `token_file`".into());
-        }
-        if problems.is_empty() {
-            Ok(out)
-        } else {
-            Err(at(problems.join("; ")))
-        }
-    }
-
-    /// Read and parse config file `path`.
-    pub fn load(path: &Path, home: Option<&Path>) -> Result<Self, SettingsError> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            SettingsError(format!(
-                "cannot read the config file {}: {e}",
-                path.display()
-            ))
-        })?;
-        Self::parse(&text, path, home)
-    }
-}
 
 /// `~/x` under `home`; a relative path under the config file's directory.
 fn resolve_path(text: &str, config: &Path, home: Option<&Path>) -> PathBuf {
@@ -193,50 +71,126 @@ pub struct Settings {
     pub token: Option<ApiKey>,
     /// The config file read, if any.
     pub config: Option<PathBuf>,
+    /// Where each setting given came from.
+    pub provenance: Provenance,
 }
 
 /// The config file to read: `--config`, else `WARDEN_CONFIG` (both must exist), else
-/// the default path when it exists.
-pub fn config_path(flags: &FlagValues, env: &EnvValues) -> Option<(PathBuf, bool)> {
-    if let Some(p) = flags.config.clone().or_else(|| env.config.clone()) {
-        return Some((p, true));
+/// `warden/cli.yaml` under `$XDG_CONFIG_HOME` (or `$HOME/.config`) when it exists.
+pub fn config_path(flags: &FlagValues, var: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+    if let Some(p) = flags
+        .config
+        .clone()
+        .or_else(|| get("WARDEN_CONFIG").map(PathBuf::from))
+    {
+        return Some(p);
     }
-    let default = env.config_home.as_ref()?.join(DEFAULT_CONFIG_TAIL);
-    default.is_file().then_some((default, false))
+    let home = get("XDG_CONFIG_HOME")
+        .map(PathBuf::from)
+        .or_else(|| get("HOME").map(|h| Path::new(&h).join(".config")))?;
+    let default = home.join(DEFAULT_CONFIG_TAIL);
+    default.is_file().then_some(default)
 }
 
-/// Put the layers together: flag > env > file > default, for the server and for the
-/// token (a layer that names a token, by value or by file, decides it).
+/// A text value of the file's key `key` (a number too, where `numbers`). Anything else
+/// is a mistake that never quotes the value (it may be a token).
+fn file_text(l: &mut Loader<'_>, key: &str, numbers: bool) -> Option<String> {
+    let origin = l.file_origin().to_owned();
+    match l.section::<Value>(key)? {
+        Value::String(s) => Some(s.trim().to_owned()).filter(|s| !s.is_empty()),
+        Value::Number(n) if numbers => Some(n.to_string()),
+        Value::Null => None,
+        _ => {
+            l.push(&origin, key, "must be a string");
+            None
+        }
+    }
+}
+
+/// Put the layers together, lowest first: defaults, the config file, `WARDEN_SERVER`
+/// and `WARDEN_TOKEN`/`WARDEN_TOKEN_FILE`, then the flags. For the token, the highest
+/// layer that names one, by value or by file, decides it; a layer naming both is a
+/// mistake unless a higher one decides. Environment variables are looked up through
+/// `var` (`std::env::var` in the binary, a map in tests); an empty one counts as unset.
 pub fn resolve(
     flags: &FlagValues,
-    env: &EnvValues,
-    file: &FileValues,
-) -> Result<(String, TokenSource), SettingsError> {
-    let server = flags
-        .server
-        .clone()
-        .or_else(|| env.server.clone())
-        .or_else(|| file.server.clone())
-        .unwrap_or_else(|| DEFAULT_SERVER.to_owned());
-    let token = match (&flags.token, &flags.token_file) {
-        (Some(t), _) => TokenSource::Value(t.clone()),
-        (None, Some(f)) => TokenSource::File(f.clone()),
-        (None, None) => match (&env.token, &env.token_file) {
-            (Some(_), Some(_)) => {
-                return Err(SettingsError(
-                    "both WARDEN_TOKEN and WARDEN_TOKEN_FILE are set; set only one".into(),
-                ));
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<Loaded<(String, TokenSource)>, SettingsError> {
+    let home = var("HOME")
+        .filter(|h| !h.trim().is_empty())
+        .map(PathBuf::from);
+    let path = config_path(flags, &var);
+    let mut l = Loader::new(path.as_deref(), &var);
+    let fo = l.file_origin().to_owned();
+
+    let file_server = file_text(&mut l, "server", false);
+    let file_token = file_text(&mut l, "token", true);
+    let file_token_file = file_text(&mut l, "token_file", false);
+    l.unknown_keys(&FILE_KEYS);
+    let flag_decides = flags.token.is_some() || flags.token_file.is_some();
+    let from_file = match (file_token, file_token_file) {
+        (Some(_), Some(_)) => {
+            if !flag_decides {
+                l.push(&fo, "token", "set only one of `token` and `token_file`");
             }
-            (Some(t), None) => TokenSource::Value(t.clone()),
-            (None, Some(f)) => TokenSource::File(f.clone()),
-            (None, None) => match (&file.token, &file.token_file) {
-                (Some(t), _) => TokenSource::Value(t.clone()),
-                (None, Some(f)) => TokenSource::File(f.clone()),
-                (None, None) => TokenSource::None,
-            },
-        },
+            None
+        }
+        (Some(t), None) => Some(TokenSource::Value(ApiKey::new(t))),
+        (None, Some(f)) => Some(TokenSource::File(path.as_deref().map_or_else(
+            || PathBuf::from(&f),
+            |p| resolve_path(&f, p, home.as_deref()),
+        ))),
+        (None, None) => None,
     };
-    Ok((server, token))
+    let (env_origin, from_env) = match (l.env("WARDEN_TOKEN"), l.env("WARDEN_TOKEN_FILE")) {
+        (Some(_), Some(_)) => {
+            if !flag_decides {
+                l.push(
+                    "environment",
+                    "token",
+                    "both WARDEN_TOKEN and WARDEN_TOKEN_FILE are set; set only one",
+                );
+            }
+            ("environment", None)
+        }
+        (Some(t), None) => (
+            "environment WARDEN_TOKEN",
+            Some(TokenSource::Value(ApiKey::new(t.trim()))),
+        ),
+        (None, Some(f)) => (
+            "environment WARDEN_TOKEN_FILE",
+            Some(TokenSource::File(PathBuf::from(f.trim()))),
+        ),
+        (None, None) => ("environment", None),
+    };
+    let (flag_origin, from_flag) = match (&flags.token, &flags.token_file) {
+        (Some(t), _) => ("flag --token", Some(TokenSource::Value(t.clone()))),
+        (None, Some(f)) => ("flag --token-file", Some(TokenSource::File(f.clone()))),
+        (None, None) => ("flag --token", None),
+    };
+    let layers = [
+        (fo.clone(), from_file),
+        (env_origin.to_owned(), from_env),
+        (flag_origin.to_owned(), from_flag),
+    ];
+    let token = l
+        .layer("token", layers, |t: &TokenSource| Ok(t.clone()))
+        .unwrap_or(TokenSource::None);
+
+    let layers = l.sources(
+        file_server,
+        Some("WARDEN_SERVER"),
+        Some(("--server", flags.server.clone())),
+    );
+    let server = l
+        .layer("server", layers, |s: &String| {
+            let s = s.trim();
+            check_server(s).map(|()| s.to_owned())
+        })
+        .unwrap_or_else(|| DEFAULT_SERVER.to_owned());
+    l.finish(|| Some((server, token)))
+        .map_err(|e| SettingsError(e.to_string()))
 }
 
 /// The token of a token file: its first line, trimmed.
@@ -257,12 +211,11 @@ pub fn read_token_file(path: &Path) -> Result<ApiKey, SettingsError> {
     Ok(ApiKey::new(first))
 }
 
-/// Check the server URL's form: `http://` or `https://` and a host.
-pub fn check_server(server: &str) -> Result<(), SettingsError> {
+/// Check the server URL's form: `http://` or `https://` and a host. The error names
+/// the value (a URL is no secret) and the form expected.
+pub fn check_server(server: &str) -> Result<(), String> {
     let bad = |why: &str| {
-        SettingsError(format!(
-            "server {server:?}: {why}; expected http://HOST:PORT or https://HOST[/PREFIX]"
-        ))
+        format!("{server:?}: {why}; expected http://HOST:PORT or https://HOST[/PREFIX]")
     };
     let uri: hyper::Uri = server.parse().map_err(|_| bad("not a URL"))?;
     match uri.scheme_str() {
@@ -279,16 +232,17 @@ pub fn check_server(server: &str) -> Result<(), SettingsError> {
 }
 
 impl Settings {
-    /// Settings from the flags and the process environment, reading the config file
-    /// and the token file as needed.
-    pub fn load(flags: &FlagValues, env: &EnvValues) -> Result<Settings, SettingsError> {
-        let home = std::env::var_os("HOME").map(PathBuf::from);
-        let (file, config) = match config_path(flags, env) {
-            Some((path, _)) => (FileValues::load(&path, home.as_deref())?, Some(path)),
-            None => (FileValues::default(), None),
-        };
-        let (server, token) = resolve(flags, env, &file)?;
-        check_server(&server)?;
+    /// Settings from the flags and the environment (looked up through `var`), reading
+    /// the config file and the token file as needed.
+    pub fn load(
+        flags: &FlagValues,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings, SettingsError> {
+        let config = config_path(flags, &var);
+        let Loaded {
+            config: (server, token),
+            provenance,
+        } = resolve(flags, var)?;
         let token = match token {
             TokenSource::Value(t) => Some(t),
             TokenSource::File(path) => Some(read_token_file(&path)?),
@@ -298,6 +252,7 @@ impl Settings {
             server,
             token,
             config,
+            provenance,
         })
     }
 }
@@ -306,111 +261,135 @@ impl Settings {
 mod tests {
     use super::*;
 
+    fn vars(pairs: &[(&'static str, String)]) -> impl Fn(&str) -> Option<String> + use<> {
+        let pairs = pairs.to_vec();
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    }
+
     fn key(s: &str) -> Option<ApiKey> {
         Some(ApiKey::new(s))
     }
 
+    fn file(dir: &Path, text: &str) -> PathBuf {
+        let p = dir.join("cli.yaml");
+        std::fs::write(&p, text).expect("write the config file");
+        p
+    }
+
     #[test]
     fn flags_beat_env_beat_file_beat_defaults() {
-        let file = FileValues {
-            server: Some("http://file:1".into()),
-            token: key("file-token"),
-            token_file: None,
-        };
-        let env = EnvValues {
-            server: Some("http://env:1".into()),
-            token_file: Some("/env/token".into()),
-            ..EnvValues::default()
-        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let conf = file(dir.path(), "server: http://file:1\ntoken: file-token\n");
+        let env = vars(&[
+            ("WARDEN_SERVER", "http://env:1".into()),
+            ("WARDEN_TOKEN_FILE", "/env/token".into()),
+            ("WARDEN_CONFIG", conf.display().to_string()),
+        ]);
         let flags = FlagValues {
             server: Some("http://flag:1".into()),
             token: key("flag-token"),
             ..FlagValues::default()
         };
-        let (s, t) = resolve(&flags, &env, &file).expect("resolves");
-        assert_eq!(s, "http://flag:1");
-        assert_eq!(t, TokenSource::Value(ApiKey::new("flag-token")));
-        let (s, t) = resolve(&FlagValues::default(), &env, &file).expect("resolves");
-        assert_eq!(s, "http://env:1");
-        assert_eq!(t, TokenSource::File("/env/token".into()));
-        let (s, t) =
-            resolve(&FlagValues::default(), &EnvValues::default(), &file).expect("resolves");
-        assert_eq!(s, "http://file:1");
-        assert_eq!(t, TokenSource::Value(ApiKey::new("file-token")));
-        let (s, t) = resolve(
-            &FlagValues::default(),
-            &EnvValues::default(),
-            &FileValues::default(),
-        )
-        .expect("resolves");
-        assert_eq!(s, DEFAULT_SERVER);
-        assert_eq!(t, TokenSource::None);
+        let got = resolve(&flags, &env).expect("resolves");
+        assert_eq!(got.config.0, "http://flag:1");
+        assert_eq!(got.config.1, TokenSource::Value(ApiKey::new("flag-token")));
+        assert_eq!(got.provenance.origin("server"), Some("flag --server"));
+        assert_eq!(got.provenance.origin("token"), Some("flag --token"));
+        let got = resolve(&FlagValues::default(), &env).expect("resolves");
+        assert_eq!(got.config.0, "http://env:1");
+        assert_eq!(got.config.1, TokenSource::File("/env/token".into()));
+        assert_eq!(
+            got.provenance.origin("token"),
+            Some("environment WARDEN_TOKEN_FILE")
+        );
+        let only_file = vars(&[("WARDEN_CONFIG", conf.display().to_string())]);
+        let got = resolve(&FlagValues::default(), &only_file).expect("resolves");
+        assert_eq!(got.config.0, "http://file:1");
+        assert_eq!(got.config.1, TokenSource::Value(ApiKey::new("file-token")));
+        assert_eq!(
+            got.provenance.origin("server"),
+            Some(conf.display().to_string().as_str())
+        );
+        let got = resolve(&FlagValues::default(), vars(&[])).expect("resolves");
+        assert_eq!(got.config.0, DEFAULT_SERVER);
+        assert_eq!(got.config.1, TokenSource::None);
+        assert_eq!(got.provenance.to_string(), "defaults only");
     }
 
     #[test]
     fn two_token_variables_at_once_are_refused() {
-        let env = EnvValues::from_lookup(|name| match name {
-            "WARDEN_TOKEN" => Some("t".into()),
-            "WARDEN_TOKEN_FILE" => Some("/f".into()),
-            _ => None,
-        });
-        let e =
-            resolve(&FlagValues::default(), &env, &FileValues::default()).expect_err("ambiguous");
+        let env = vars(&[
+            ("WARDEN_TOKEN", "t".into()),
+            ("WARDEN_TOKEN_FILE", "/f".into()),
+        ]);
+        let e = resolve(&FlagValues::default(), &env).expect_err("ambiguous");
         assert!(e.0.contains("set only one"), "{e}");
         // A flag settles it.
         let flags = FlagValues {
             token_file: Some("/flag".into()),
             ..FlagValues::default()
         };
-        let (_, t) = resolve(&flags, &env, &FileValues::default()).expect("resolves");
-        assert_eq!(t, TokenSource::File("/flag".into()));
+        let got = resolve(&flags, &env).expect("resolves");
+        assert_eq!(got.config.1, TokenSource::File("/flag".into()));
     }
 
     #[test]
-    fn empty_variables_count_as_unset() {
-        let env = EnvValues::from_lookup(|name| match name {
-            "WARDEN_SERVER" | "WARDEN_TOKEN" => Some("  ".into()),
-            "HOME" => Some("/home/u".into()),
-            _ => None,
-        });
-        assert!(env.server.is_none() && env.token.is_none());
-        assert_eq!(env.config_home, Some(PathBuf::from("/home/u/.config")));
+    fn empty_variables_count_as_unset_and_the_default_file_is_found() {
+        let home = tempfile::tempdir().expect("temp dir");
+        let env = vars(&[
+            ("WARDEN_SERVER", "  ".into()),
+            ("WARDEN_TOKEN", "  ".into()),
+            ("HOME", home.path().display().to_string()),
+        ]);
+        let got = resolve(&FlagValues::default(), &env).expect("resolves");
+        assert_eq!(got.config.0, DEFAULT_SERVER);
+        assert_eq!(got.config.1, TokenSource::None);
+        let dir = home.path().join(".config/warden");
+        std::fs::create_dir_all(&dir).expect("config dir");
+        std::fs::write(dir.join("cli.yaml"), "token_file: ~/t\n").expect("config");
+        let got = resolve(&FlagValues::default(), &env).expect("resolves");
+        assert_eq!(got.config.1, TokenSource::File(home.path().join("t")));
     }
 
     #[test]
     fn config_file_paths_resolve_and_errors_never_quote_the_token() {
-        let path = Path::new("/etc/warden/cli.yaml");
-        let home = Path::new("/home/u");
-        let f = FileValues::parse(
-            "server: https://warden.example\ntoken_file: op.token\n",
-            path,
-            Some(home),
-        )
-        .expect("valid");
-        assert_eq!(f.server.as_deref(), Some("https://warden.example"));
-        assert_eq!(f.token_file, Some(PathBuf::from("/etc/warden/op.token")));
-        let f = FileValues::parse("token_file: ~/t\n", path, Some(home)).expect("valid");
-        assert_eq!(f.token_file, Some(PathBuf::from("/home/u/t")));
-        assert!(
-            FileValues::parse("", path, None)
-                .expect("empty is fine")
-                .server
-                .is_none()
-        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        let at = |text: &str| {
+            let conf = file(dir.path(), text);
+            resolve(
+                &FlagValues {
+                    config: Some(conf),
+                    ..FlagValues::default()
+                },
+                vars(&[]),
+            )
+        };
+        let got = at("server: https://warden.example\ntoken_file: op.token\n").expect("valid");
+        assert_eq!(got.config.0, "https://warden.example");
+        assert_eq!(got.config.1, TokenSource::File(dir.path().join("op.token")));
+        assert_eq!(at("").expect("empty is fine").config.0, DEFAULT_SERVER);
         for (text, needle) in [
-            ("tokn: sekrit123\n", "unknown key `tokn`"),
-            ("token: [sekrit123]\n", "`token` must be a string"),
+            ("tokn: sekrit123\n", "field `tokn`: unknown field"),
+            ("token: [sekrit123]\n", "field `token`: must be a string"),
             ("token: sekrit123\ntoken_file: /x\n", "only one"),
             ("- sekrit123\n", "mapping"),
             ("server: 'sekrit123\n", "not valid YAML"),
+            ("server: sekrit.example\n", "field `server`"),
         ] {
-            let e = FileValues::parse(text, path, None).expect_err(text).0;
+            let e = at(text).expect_err(text).0;
             assert!(e.contains(needle) && e.contains("cli.yaml"), "{text}: {e}");
-            assert!(!e.contains("sekrit123"), "{text}: {e}");
+            if !text.starts_with("server: sekrit") {
+                assert!(!e.contains("sekrit123"), "{text}: {e}");
+            }
         }
-        let f = FileValues::parse("token: 12345\n", path, None).expect("numbers are text");
-        assert_eq!(f.token, key("12345"));
-        assert!(!format!("{f:?}").contains("12345"));
+        // Every mistake at once, each with its origin.
+        let e = at("tokn: x\nserver: ftp://h\n")
+            .expect_err("two mistakes")
+            .0;
+        assert!(e.starts_with("2 configuration errors"), "{e}");
+        let got = at("token: 12345\n").expect("numbers are text");
+        assert_eq!(got.config.1, TokenSource::Value(ApiKey::new("12345")));
+        assert!(!format!("{got:?}").contains("12345"));
     }
 
     #[test]
@@ -426,5 +405,15 @@ mod tests {
         ] {
             assert!(check_server(bad).is_err(), "{bad}");
         }
+        let e = resolve(
+            &FlagValues::default(),
+            vars(&[("WARDEN_SERVER", "ftp://h".into())]),
+        )
+        .expect_err("a bad variable")
+        .0;
+        assert!(
+            e.contains("environment WARDEN_SERVER: field `server`"),
+            "{e}"
+        );
     }
 }

@@ -728,9 +728,9 @@ fn tokens_come_from_flags_files_env_and_config_files_and_are_never_printed() {
     // Broken files name the file, never the token.
     std::fs::write(&other, format!("server: {server}\ntokn: {viewer}\n")).expect("config");
     c.warden(&["whoami", "--config", &other_path], &[])
-        .fails(2, "unknown key `tokn`");
+        .fails(2, "field `tokn`: unknown field");
     c.warden(&["whoami", "--config", "/nonexistent/cli.yaml"], &[])
-        .fails(2, "cannot read the config file /nonexistent/cli.yaml");
+        .fails(2, "/nonexistent/cli.yaml: cannot read the file");
     c.warden(&["whoami", "--token-file", "/nonexistent/token"], &[])
         .fails(2, "cannot read the token file /nonexistent/token");
     let empty = c.dir.path().join("empty.token");

@@ -527,6 +527,19 @@ impl IncidentBook {
             return None;
         }
         extra.last_refresh = now;
+        if f.kind == IncidentKind::Hang
+            && f.ranks.is_empty()
+            && !self.incidents[i].ranks.is_empty()
+            && f.confidence < self.incidents[i].confidence
+            && self.incidents[i].state != IncidentState::Resolved
+        {
+            // A hang pinned on the ranks that never entered, now seen with everyone
+            // inside: the culprit arrived late (a stopped process continued, as a
+            // job's teardown does with SIGCONT before SIGTERM). The weaker guess
+            // (suspect the shared GPUs or links) does not replace the named culprit.
+            self.incidents[i].finding_count = self.incidents[i].finding_count.saturating_add(1);
+            return None;
+        }
         extra.fatal |= f.kind == IncidentKind::GpuFault && f.confidence >= 0.99;
         extra.root_evidence = f.evidence;
         let inc = &mut self.incidents[i];
@@ -809,6 +822,36 @@ mod tests {
         }
         assert_eq!(b.all().len(), 1);
         assert_eq!(b.all()[0].finding_count, 19);
+    }
+
+    #[test]
+    fn a_named_hang_culprit_is_not_replaced_by_everyone_inside() {
+        let mut b = IncidentBook::default();
+        let named = finding(IncidentKind::Hang, &[2], "node-02", None, 0.0, 0.8);
+        assert_eq!(fold(&mut b, 1.0, vec![named]).len(), 1);
+        // The stopped rank continued and entered: everyone is inside, nobody finished.
+        let mut vague = finding(IncidentKind::Hang, &[], "node-01", None, 0.0, 0.3);
+        vague.nodes = vec!["node-01".into(), "node-02".into(), "node-03".into()];
+        vague.summary = "all 6 members entered and none completed".into();
+        assert!(fold(&mut b, 2.0, vec![vague.clone()]).is_empty());
+        let inc = &b.all()[0];
+        assert_eq!(inc.ranks, [2]);
+        assert_eq!(inc.nodes, ["node-02"]);
+        assert!(
+            inc.timeline
+                .iter()
+                .all(|e| !e.what.starts_with("culprit revised"))
+        );
+        // A stronger finding still revises: another rank is named with more confidence.
+        let other = finding(IncidentKind::Hang, &[5], "node-03", None, 0.0, 0.9);
+        assert_eq!(fold(&mut b, 3.0, vec![other]).len(), 1);
+        assert_eq!(b.all()[0].ranks, [5]);
+        // And a hang that named nobody takes a culprit when one is found.
+        let mut b = IncidentBook::default();
+        assert_eq!(fold(&mut b, 1.0, vec![vague]).len(), 1);
+        let named = finding(IncidentKind::Hang, &[2], "node-02", None, 0.0, 0.8);
+        assert_eq!(fold(&mut b, 2.0, vec![named]).len(), 1);
+        assert_eq!(b.all()[0].ranks, [2]);
     }
 
     #[test]

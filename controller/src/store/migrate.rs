@@ -1,5 +1,6 @@
-//! The store's schema migrations: `controller/migrations/` embedded by `sqlx::migrate!`
-//! and run by sqlx's migrator, recorded in sqlx's `_sqlx_migrations` table.
+//! The store's schema migrations: `controller/migrations/` embedded by sqlx's
+//! `migrate!` (from `sqlx-macros`, without the query macros) and run by sqlx's
+//! migrator, recorded in sqlx's `_sqlx_migrations` table.
 //!
 //! All pending migrations run in one transaction (PostgreSQL and SQLite both take DDL
 //! transactionally; sqlx's per-migration transactions become savepoints inside it), under
@@ -22,7 +23,7 @@ use super::{Backend, Store, StoreError};
 /// PostgreSQL advisory lock per database) stays on, and a database holding a migration
 /// not known here is refused.
 pub(super) fn migrator() -> Migrator {
-    let mut migrator = sqlx::migrate!("./migrations");
+    let mut migrator = sqlx_macros::migrate!("./migrations");
     migrator.set_locking(true).set_ignore_missing(false);
     migrator
 }
