@@ -113,10 +113,11 @@ fn file_text(l: &mut Loader<'_>, key: &str, numbers: bool) -> Option<String> {
 /// layer that names one, by value or by file, decides it; a layer naming both is a
 /// mistake unless a higher one decides. Environment variables are looked up through
 /// `var` (`std::env::var` in the binary, a map in tests); an empty one counts as unset.
+/// Gives the server, the token's source and the config file read, if any.
 pub fn resolve(
     flags: &FlagValues,
     var: impl Fn(&str) -> Option<String>,
-) -> Result<Loaded<(String, TokenSource)>, SettingsError> {
+) -> Result<Loaded<(String, TokenSource, Option<PathBuf>)>, SettingsError> {
     let home = var("HOME")
         .filter(|h| !h.trim().is_empty())
         .map(PathBuf::from);
@@ -189,7 +190,7 @@ pub fn resolve(
             check_server(s).map(|()| s.to_owned())
         })
         .unwrap_or_else(|| DEFAULT_SERVER.to_owned());
-    l.finish(|| Some((server, token)))
+    l.finish(|| Some((server, token, path)))
         .map_err(|e| SettingsError(e.to_string()))
 }
 
@@ -238,9 +239,8 @@ impl Settings {
         flags: &FlagValues,
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<Settings, SettingsError> {
-        let config = config_path(flags, &var);
         let Loaded {
-            config: (server, token),
+            config: (server, token, config),
             provenance,
         } = resolve(flags, var)?;
         let token = match token {
@@ -294,6 +294,7 @@ mod tests {
         assert_eq!(got.config.0, "http://flag:1");
         assert_eq!(got.config.1, TokenSource::Value(ApiKey::new("flag-token")));
         assert_eq!(got.provenance.origin("server"), Some("flag --server"));
+        assert_eq!(got.config.2.as_deref(), Some(conf.as_path()));
         assert_eq!(got.provenance.origin("token"), Some("flag --token"));
         let got = resolve(&FlagValues::default(), &env).expect("resolves");
         assert_eq!(got.config.0, "http://env:1");
@@ -313,6 +314,10 @@ mod tests {
         let got = resolve(&FlagValues::default(), vars(&[])).expect("resolves");
         assert_eq!(got.config.0, DEFAULT_SERVER);
         assert_eq!(got.config.1, TokenSource::None);
+        assert_eq!(
+            got.config.2, None,
+            "no file named and none at the default path"
+        );
         assert_eq!(got.provenance.to_string(), "defaults only");
     }
 
