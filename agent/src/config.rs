@@ -37,6 +37,8 @@ pub struct ConfigFile {
     pub log_window: Option<LogWindowFile>,
     /// Collective progress reported from inside training processes.
     pub capture: Option<CaptureFile>,
+    /// Limits of the local API's HTTP server: timeouts and connection caps.
+    pub server: Option<warden_http::server::ServerConfig>,
 }
 
 /// `capture:` section.
@@ -270,7 +272,13 @@ pub struct AgentConfig {
     pub log_window_bytes: usize,
     /// Job-side capture.
     pub capture: CaptureConfig,
+    /// Limits of the local API's HTTP server.
+    pub server: warden_http::server::Limits,
 }
+
+/// Default cap on connections to the agent's local API (Prometheus, the controller,
+/// a person with curl); the agent's memory budget is small.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 /// Bounds checked on the numeric settings: (field, least, most).
 const MS_BOUNDS: [(&str, u64, u64); 6] = [
@@ -283,7 +291,7 @@ const MS_BOUNDS: [(&str, u64, u64); 6] = [
 ];
 
 /// Every top-level key of the file.
-const KEYS: [&str; 8] = [
+const KEYS: [&str; 9] = [
     "node_name",
     "listen",
     "controller",
@@ -292,6 +300,7 @@ const KEYS: [&str; 8] = [
     "logs",
     "log_window",
     "capture",
+    "server",
 ];
 
 /// The bounds of a duration in milliseconds set in the file, as a duration.
@@ -338,20 +347,12 @@ fn url(value: &String) -> Result<String, String> {
     }
 }
 
+// The loader hands every layer's value as the setting's own type.
+#[allow(clippy::ptr_arg)]
 fn node_name(value: &String) -> Result<String, String> {
     let v = value.trim();
-    let ok = !v.is_empty()
-        && v.len() <= warden_model::wire::MAX_NAME_LEN
-        && v.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
-    if ok {
-        Ok(v.to_owned())
-    } else {
-        Err(format!(
-            "{value:?} is not a node name (1 to {} of letters, digits, '-', '.', '_')",
-            warden_model::wire::MAX_NAME_LEN
-        ))
-    }
+    warden_model::ids::check_node_name(v)?;
+    Ok(v.to_owned())
 }
 
 impl ConfigFile {
@@ -371,17 +372,19 @@ impl ConfigFile {
             logs: l.section("logs"),
             log_window: l.section("log_window"),
             capture: l.section("capture"),
+            server: l.section("server"),
         };
         l.unknown_keys(&KEYS);
         file
     }
 }
 
-/// This machine's hostname, from the kernel.
+/// This machine's hostname, from the kernel, lowercased (host names are not case
+/// sensitive; node names are DNS-1123).
 pub fn hostname() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
-        .map(|s| s.trim().to_owned())
+        .map(|s| s.trim().to_ascii_lowercase())
         .filter(|s| !s.is_empty())
 }
 
@@ -598,6 +601,14 @@ impl AgentConfig {
             capture.shm_dir = p;
         }
 
+        let server_file = parsed.server.clone().unwrap_or_default();
+        for (field, message) in server_file.problems("server") {
+            l.push(fo, &field, message);
+        }
+        let server = server_file.limits(warden_http::server::Limits::with_max_connections(
+            DEFAULT_MAX_CONNECTIONS,
+        ));
+
         l.finish(|| {
             Some(AgentConfig {
                 node_name: node_name?,
@@ -608,6 +619,7 @@ impl AgentConfig {
                 logs,
                 log_window_bytes,
                 capture,
+                server,
             })
         })
     }
@@ -743,5 +755,27 @@ mod tests {
         let text = "controller:\n  backoff_initial_ms: 5000\n  backoff_max_ms: 1000\n";
         let errs = load(text, no_env).expect_err("fails");
         assert_eq!(errs.0[0].field, "controller.backoff_max_ms", "{errs}");
+    }
+
+    #[test]
+    fn server_limits_default_small_and_are_bounded() {
+        let cfg = load("node_name: n1\n", no_env).expect("ok");
+        let limits = cfg.server;
+        assert_eq!(limits.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(limits.max_connections_per_peer, DEFAULT_MAX_CONNECTIONS / 2);
+        let cfg = load("server:\n  idle_timeout_secs: 30\n", no_env).expect("ok");
+        assert_eq!(cfg.server.idle_timeout, Duration::from_secs(30));
+        let errs = load(
+            "server:\n  header_timeout_secs: 301\n  max_connections_per_peer: 0\n",
+            no_env,
+        )
+        .expect_err("out of bounds");
+        let mut fields: Vec<_> = errs.0.iter().map(|e| e.field.as_str()).collect();
+        fields.sort_unstable();
+        let want = [
+            "server.header_timeout_secs",
+            "server.max_connections_per_peer",
+        ];
+        assert_eq!(fields, want, "{errs}");
     }
 }

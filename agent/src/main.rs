@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use warden_agent::config::{AgentConfig, Overrides, hostname};
 use warden_agent::{privilege, runtime};
+use warden_config::{logfmt, outln};
 
 /// Exit code for configuration errors (EX_USAGE in sysexits.h).
 const EXIT_CONFIG: u8 = 64;
@@ -46,16 +47,21 @@ struct Args {
     log_format: LogFormat,
 }
 
+/// Log to stderr (filtered by `RUST_LOG`, default `info`), every field escaped so one
+/// event is one line (`warden_config::logfmt`).
 fn init_logging(format: LogFormat) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    let format = match format {
+        LogFormat::Json => logfmt::LogFormat::Json,
+        LogFormat::Text => logfmt::LogFormat::Text,
+    };
+    tracing_subscriber::registry()
+        .with(logfmt::stderr_layer(format).with_filter(filter))
+        .init();
 }
 
 fn main() -> ExitCode {
@@ -90,8 +96,8 @@ fn main() -> ExitCode {
         }
     };
     if args.check_config {
-        println!("{config:#?}");
-        println!("# given: {provenance}");
+        outln!("{config:#?}");
+        outln!("# given: {provenance}");
         return ExitCode::SUCCESS;
     }
     // Names and origins only: values can be secrets.

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use prometheus::Registry;
 use rand::{Rng, SeedableRng, rngs::SmallRng};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::{self, ApiState};
@@ -289,12 +288,11 @@ pub async fn run_preopened(
         None => None,
     };
 
-    let listener = TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|source| RunError::Bind {
-            addr: cfg.listen,
-            source,
-        })?;
+    // A long accept queue: a burst of connections waits instead of losing SYNs.
+    let listener = warden_http::server::bind(cfg.listen).map_err(|source| RunError::Bind {
+        addr: cfg.listen,
+        source,
+    })?;
     let local = listener.local_addr().map_err(RunError::Serve)?;
 
     let mut threads = Vec::new();
@@ -350,10 +348,9 @@ pub async fn run_preopened(
     if let Some(tx) = ready {
         let _ = tx.send(local);
     }
-    let served = axum::serve(listener, api::router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(RunError::Serve);
+    // HTTP/1.1 only, under the configured timeouts and connection caps; `shutdown`
+    // lets requests in flight finish.
+    warden_http::server::serve(listener, api::router(state), cfg.server, shutdown).await;
 
     // Stop collectors, then flush what they left.
     shared.stop.raise();
@@ -365,5 +362,5 @@ pub async fn run_preopened(
         let _ = s.await;
     }
     tracing::info!("agent stopped");
-    served
+    Ok(())
 }

@@ -27,6 +27,25 @@ use warden_sim::{Progress, RunOptions, SIM_EPOCH, Scenario, Simulation};
 
 use crate::{DemoArgs, EXIT_CONFIG, show};
 
+/// `print!` for the demo, which must not end before its data directory is removed: when
+/// stdout cannot be written (its reader went away), the demo stops at its next step and
+/// exits 0 (`warden_config::stdout::print_or_mark`).
+macro_rules! demo_out {
+    ($($arg:tt)*) => {
+        warden_config::stdout::print_or_mark(format_args!($($arg)*), false)
+    };
+}
+
+/// `println!` for the demo (see `demo_out!`).
+macro_rules! demo_outln {
+    () => {
+        warden_config::stdout::print_or_mark(format_args!(""), true)
+    };
+    ($($arg:tt)*) => {
+        warden_config::stdout::print_or_mark(format_args!($($arg)*), true)
+    };
+}
+
 /// The built-in scenario.
 const DEMO_SCENARIO: &str = include_str!("demo.yaml");
 
@@ -197,9 +216,13 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         };
         for (change, view) in &shown {
             status.clear();
-            print!("{}", show::incident(*change, view));
+            demo_out!("{}", show::incident(*change, view));
         }
         let _ = std::io::stdout().flush();
+        if warden_config::stdout::gone() {
+            // Nobody reads the incidents any more: stop as if finished.
+            break;
+        }
         status.update(&sim.progress(), open);
     }
     status.finish(&sim.progress(), open_incidents(&engine.lock()));
@@ -207,7 +230,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
     let wall = started.elapsed().as_secs_f64();
     print_summary(&sim, &engine, wall, interrupted);
     match operator.store.actions(None, None, 0).await {
-        Ok(actions) => print!("{}", show::actions(&actions, engine.lock().origin())),
+        Ok(actions) => demo_out!("{}", show::actions(&actions, engine.lock().origin())),
         Err(e) => eprintln!("warden demo: cannot read the actions taken: {e}"),
     }
 
@@ -276,7 +299,7 @@ fn open_incidents(e: &Engine) -> usize {
 
 fn print_banner(scenario: &Scenario, speed: f64, api: Option<std::net::SocketAddr>) {
     let j = &scenario.job;
-    println!(
+    demo_outln!(
         "Warden demo: scenario {:?}, job {:?}: {} ranks on {} nodes x {} GPUs \
          (tp {}, pp {}, dp {}), {} steps of ~{} s.",
         scenario.name,
@@ -290,60 +313,68 @@ fn print_banner(scenario: &Scenario, speed: f64, api: Option<std::net::SocketAdd
         scenario.steps,
         j.iteration_secs
     );
-    println!(
+    demo_outln!(
         "{} scripted fault(s); simulating {speed} virtual seconds per wall second. \
          Incidents are printed as they are found.",
         scenario.faults.len()
     );
-    println!(
+    demo_outln!(
         "Remediation acts under the shipped policy and its safety rails; the simulated \
          cluster has no scheduler, so drains show in Warden's own node table."
     );
     match api {
         Some(addr) => {
             let base = format!("http://{addr}");
-            println!("The controller API is served on {base} while the demo runs. Try:");
-            println!("  curl -s {base}/api/v1/incidents");
-            println!("  curl -s '{base}/api/v1/incidents?state=open&kind=straggler'");
-            println!("  curl -s {base}/api/v1/jobs");
-            println!("  curl -s {base}/api/v1/jobs/{}/ranks", j.name);
-            println!("  curl -s {base}/api/v1/nodes       # drained by the policy");
-            println!("  curl -s {base}/api/v1/actions     # what remediation did");
-            println!("  curl -s {base}/api/v1/remediation # the circuit breaker");
-            println!("  curl -s {base}/metrics | grep '^warden_'");
+            demo_outln!("The controller API is served on {base} while the demo runs. Try:");
+            demo_outln!("  curl -s {base}/api/v1/incidents");
+            demo_outln!("  curl -s '{base}/api/v1/incidents?state=open&kind=straggler'");
+            demo_outln!("  curl -s {base}/api/v1/jobs");
+            demo_outln!("  curl -s {base}/api/v1/jobs/{}/ranks", j.name);
+            demo_outln!("  curl -s {base}/api/v1/nodes       # drained by the policy");
+            demo_outln!("  curl -s {base}/api/v1/actions     # what remediation did");
+            demo_outln!("  curl -s {base}/api/v1/remediation # the circuit breaker");
+            demo_outln!("  curl -s {base}/metrics | grep '^warden_'");
         }
-        None => println!("The API is off (--no-api)."),
+        None => demo_outln!("The API is off (--no-api)."),
     }
-    println!("Press Ctrl-C to stop early.\n");
+    demo_outln!("Press Ctrl-C to stop early.\n");
 }
 
 fn print_summary(sim: &Simulation, engine: &SharedEngine, wall: f64, interrupted: bool) {
     let p = sim.progress();
     let incidents = engine.lock().incident_views(None, None, None);
-    println!();
+    demo_outln!();
     if interrupted {
-        println!(
+        demo_outln!(
             "Interrupted at step {} of {} ({:.1} virtual s).",
-            p.step, p.steps, p.sim_seconds
+            p.step,
+            p.steps,
+            p.sim_seconds
         );
     }
-    println!(
+    demo_outln!(
         "Summary: {} ranks, {} of {} steps, {:.1} virtual s in {:.1} wall s, {} batches, {} \
          collective events.",
-        p.ranks, p.step, p.steps, p.sim_seconds, wall, p.batches, p.collective_events
+        p.ranks,
+        p.step,
+        p.steps,
+        p.sim_seconds,
+        wall,
+        p.batches,
+        p.collective_events
     );
     let faults = sim.faults();
-    println!("Injected faults that took effect ({}):", faults.len());
+    demo_outln!("Injected faults that took effect ({}):", faults.len());
     for f in &faults {
-        println!(
+        demo_outln!(
             "  {:<10} at {:>7.1}s  {}",
             f.kind,
             f.onset_s,
             show::fault_target(f)
         );
     }
-    println!("Incidents ({}):", incidents.len());
-    print!(
+    demo_outln!("Incidents ({}):", incidents.len());
+    demo_out!(
         "{}",
         show::fit(&show::table(&incidents), show::terminal_width())
     );

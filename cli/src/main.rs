@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use warden_config::{logfmt, outln};
 
 /// Exit code of a bad scenario or configuration (EX_USAGE in sysexits.h).
 pub const EXIT_CONFIG: u8 = 64;
@@ -152,6 +153,19 @@ pub struct DiagnoseArgs {
     pub llm_timeout_secs: Option<u64>,
 }
 
+/// Log to stderr (filtered by `RUST_LOG`, default `warn`), every field escaped so one
+/// event is one line (`warden_config::logfmt`).
+fn init_logging() {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::registry()
+        .with(logfmt::stderr_layer(logfmt::LogFormat::Text).with_filter(filter))
+        .init();
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -171,12 +185,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging();
     let result = match cli.command {
         #[cfg(feature = "demo")]
         Command::Demo(args) => demo::main(args),
@@ -184,7 +193,7 @@ fn main() -> ExitCode {
         Command::Sim(args) => sim::main(&args),
         Command::Diagnose(args) => diagnose::main(&args),
         Command::Version => {
-            println!(
+            outln!(
                 "warden {} (wire version {})",
                 env!("CARGO_PKG_VERSION"),
                 warden_model::wire::WIRE_VERSION

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde_json::{Value, json};
+use warden_config::{out, outln};
 use warden_diagnosis::llm::ApiKey;
 use warden_model::view::{IncidentView, NodeView, RemedyStatus};
 
@@ -210,7 +211,7 @@ pub fn nodes(args: PlainArgs) -> ExitCode {
                 return print_json(&a.json);
             }
             let nodes: Vec<NodeView> = parse(c, a.json)?;
-            print!(
+            out!(
                 "{}",
                 show::fit(&show::node_rows(&nodes, now()), show::terminal_width())
             );
@@ -238,7 +239,7 @@ pub fn drain(args: DrainArgs) -> ExitCode {
                 .incident
                 .as_deref()
                 .map_or(String::new(), |i| format!(", incident {i}"));
-            println!(
+            outln!(
                 "{} {} by {} ({}{incident})",
                 n.name,
                 n.state,
@@ -261,7 +262,7 @@ pub fn undrain(args: UndrainArgs) -> ExitCode {
             let path = format!("/api/v1/nodes/{}/drain", encode(&args.node));
             let a = c.delete(&path, body.as_ref()).await?;
             match out {
-                Output::Table => println!("{} undrained", args.node),
+                Output::Table => outln!("{} undrained", args.node),
                 // 204 has no body: JSON output prints nothing.
                 Output::Json if a.json.is_null() => {}
                 Output::Json => print_json(&a.json)?,
@@ -283,7 +284,7 @@ pub fn remediation(args: RemediationArgs) -> ExitCode {
                         .post("/api/v1/remediation/breaker/reset", Some(&body))
                         .await?;
                     if out == Output::Table {
-                        println!("circuit breaker reset");
+                        outln!("circuit breaker reset");
                     }
                     a
                 }
@@ -292,7 +293,7 @@ pub fn remediation(args: RemediationArgs) -> ExitCode {
                 return print_json(&a.json);
             }
             let status: RemedyStatus = parse(c, a.json)?;
-            print!("{}", show::remediation(&status));
+            out!("{}", show::remediation(&status));
             Ok(())
         })
     })
@@ -310,7 +311,7 @@ pub fn whoami(args: PlainArgs) -> ExitCode {
             let role = a.json.get("role").and_then(Value::as_str);
             match (name, role) {
                 (Some(n), Some(r)) => {
-                    println!("{n} ({r}) at {}", c.server());
+                    outln!("{n} ({r}) at {}", c.server());
                     Ok(())
                 }
                 _ => Err(OpsError::Answer {
@@ -380,7 +381,7 @@ fn print_json(v: &Value) -> Result<(), OpsError> {
         server: String::new(),
         detail: e.to_string(),
     })?;
-    println!("{text}");
+    outln!("{text}");
     Ok(())
 }
 
@@ -448,7 +449,7 @@ async fn list(c: &ApiClient, out: Output, l: &ListArgs) -> Result<(), OpsError> 
         print_json(&Value::Array(items))?;
     } else {
         let incidents: Vec<IncidentView> = parse(c, Value::Array(items))?;
-        print!(
+        out!(
             "{}",
             show::fit(
                 &show::incident_rows(&incidents, now()),
@@ -468,7 +469,7 @@ async fn show_one(c: &ApiClient, out: Output, id: &str) -> Result<(), OpsError> 
         return print_json(&a.json);
     }
     let inc: IncidentView = parse(c, a.json)?;
-    print!("{}", show::incident_detail(&inc, now()));
+    out!("{}", show::incident_detail(&inc, now()));
     Ok(())
 }
 
@@ -491,7 +492,7 @@ fn confirm(c: &ApiClient, out: Output, v: Value, done: &str) -> Result<(), OpsEr
         return print_json(&v);
     }
     let inc: IncidentView = parse(c, v)?;
-    println!(
+    outln!(
         "{} {done}: {} {}, {}",
         inc.id,
         inc.kind.as_str(),

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
+use warden_config::outln;
 use warden_sim::{RunOptions, Scenario};
 
 use crate::{EXIT_CONFIG, SimArgs, show};
@@ -18,7 +19,7 @@ pub fn main(args: &SimArgs) -> anyhow::Result<ExitCode> {
         }
     };
     if !args.quiet {
-        println!(
+        outln!(
             "Simulating {:?}: {} ranks on {} nodes, {} steps ...",
             scenario.name,
             scenario.ranks(),
@@ -28,7 +29,7 @@ pub fn main(args: &SimArgs) -> anyhow::Result<ExitCode> {
     }
     let report = warden_sim::run(&scenario, RunOptions::default());
     if !args.quiet {
-        println!(
+        outln!(
             "{} ranks, {:.1} virtual s in {:.2} wall s ({:.0}x real time), {} batches, {} collective events",
             report.ranks,
             report.sim_seconds,
@@ -37,18 +38,18 @@ pub fn main(args: &SimArgs) -> anyhow::Result<ExitCode> {
             report.batches,
             report.collective_events
         );
-        println!("Injected faults: {}", report.faults.len());
+        outln!("Injected faults: {}", report.faults.len());
         for f in &report.faults {
-            println!(
+            outln!(
                 "  {:<10} at {:>7.1}s  {}",
                 f.kind,
                 f.onset_s,
                 show::fault_target(f)
             );
         }
-        println!("Incidents: {}", report.incidents.len());
+        outln!("Incidents: {}", report.incidents.len());
         for i in &report.incidents {
-            println!(
+            outln!(
                 "  {:<10} detected {:>7.1}s  {} — {}",
                 i.kind.as_str(),
                 i.detected_s,
@@ -62,7 +63,7 @@ pub fn main(args: &SimArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(path, json)
             .with_context(|| format!("writing the report to {}", path.display()))?;
         if !args.quiet {
-            println!("Report written to {}", path.display());
+            outln!("Report written to {}", path.display());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -6,8 +6,14 @@
 //!
 //! The controller, the agent and the `warden` CLI all load through [`Loader`]; each
 //! keeps only its own settings, bounds and defaults.
+//!
+//! The three binaries also share two things at their edges: the log format, which
+//! escapes every field so one event is one line ([`logfmt`]), and writing to stdout,
+//! where a reader that goes away ends the process quietly ([`stdout`]).
 
 mod loader;
+pub mod logfmt;
+pub mod stdout;
 
 pub use loader::{Loaded, Loader, Provenance, whole};
 pub use warden_model::config::{ConfigError, ConfigErrors};

@@ -259,6 +259,8 @@ struct Snapshot {
     detected_at: Timestamp,
     resolved_at: Option<Timestamp>,
     diagnosis: Option<String>,
+    /// The timeline's word when an isolation could not be finished.
+    isolation: Option<String>,
 }
 
 impl Snapshot {
@@ -284,6 +286,12 @@ impl Snapshot {
                 .diagnosis
                 .as_ref()
                 .and_then(|d| d.category.clone().or_else(|| d.fault_locus.clone())),
+            isolation: inc
+                .timeline
+                .iter()
+                .rev()
+                .find(|t| t.what.starts_with("isolation interrupted"))
+                .map(|t| t.what.clone()),
         }
     }
 
@@ -614,6 +622,9 @@ fn alert_annotations(s: &Snapshot) -> BTreeMap<&'static str, String> {
     }
     if let Some(d) = &s.diagnosis {
         a.insert("diagnosis", d.clone());
+    }
+    if let Some(i) = &s.isolation {
+        a.insert("isolation", i.clone());
     }
     a
 }
@@ -1215,7 +1226,19 @@ mod tests {
             detected_at: Timestamp::from_secs_f64(1_700_000_000.0),
             resolved_at: None,
             diagnosis: None,
+            isolation: None,
         }
+    }
+
+    #[test]
+    fn an_isolation_that_could_not_be_finished_is_said_in_the_alert() {
+        let mut s = snapshot("inc-1");
+        assert!(!alert_annotations(&s).contains_key("isolation"));
+        s.isolation = Some("isolation interrupted: drain gpu-01 could not be finished".into());
+        assert_eq!(
+            alert_annotations(&s)["isolation"],
+            "isolation interrupted: drain gpu-01 could not be finished"
+        );
     }
 
     fn ev(s: &Snapshot, change: Change) -> Event {

@@ -428,6 +428,41 @@ fn store_error(e: &store::StoreError) -> ApiError {
     )
 }
 
+/// Longest value of a query parameter, bytes: the longest name anything has (a job's,
+/// [`lifecycle::MAX_JOB_NAME_LEN`]).
+pub const MAX_QUERY_VALUE_BYTES: usize = lifecycle::MAX_JOB_NAME_LEN;
+
+/// The value of query parameter `name`, `None` when absent or empty, or the 400 answer
+/// when it is longer than [`MAX_QUERY_VALUE_BYTES`] or holds a control character: no
+/// name has one, and a NUL cut the store's `LIKE` pattern short (`?node=%00` listed
+/// every incident).
+fn query_value(name: &str, value: Option<String>) -> Result<Option<String>, ApiError> {
+    let Some(v) = value.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    if v.len() > MAX_QUERY_VALUE_BYTES {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "invalid value for parameter `{name}`: {} bytes, longer than the \
+                 {MAX_QUERY_VALUE_BYTES}-byte limit",
+                v.len()
+            ),
+        ));
+    }
+    if let Some(c) = v.chars().find(|c| c.is_control()) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "invalid value for parameter `{name}`: control character {} is not \
+                 allowed",
+                c.escape_unicode()
+            ),
+        ));
+    }
+    Ok(Some(v))
+}
+
 fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
     match limit {
         None => Ok(DEFAULT_PAGE),
@@ -461,26 +496,21 @@ async fn list_incidents(
     query: Result<Query<IncidentQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
-    let state = q
-        .state
+    let state = query_value("state", q.state)?
         .as_deref()
-        .filter(|v| !v.is_empty())
         .map(parse_state)
         .transpose()?;
-    let kind = q
-        .kind
+    let kind = query_value("kind", q.kind)?
         .as_deref()
-        .filter(|v| !v.is_empty())
         .map(parse_kind)
         .transpose()?;
-    let nonempty = |v: Option<String>| v.filter(|v| !v.is_empty());
     let limit = page_limit(q.limit)?;
     let filter = IncidentFilter {
         state,
         kind,
-        job: nonempty(q.job),
-        node: nonempty(q.node),
-        after: nonempty(q.after),
+        job: query_value("job", q.job)?,
+        node: query_value("node", q.node)?,
+        after: query_value("after", q.after)?,
         limit,
     };
     let found = s
@@ -838,11 +868,13 @@ async fn list_actions(
     query: Result<Query<ActionQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|r| ApiError::new(StatusCode::BAD_REQUEST, r.body_text()))?;
+    let after = query_value("after", q.after)?;
+    let target = query_value("target", q.target)?;
     let limit = page_limit(q.limit)?;
     let actions = s
         .operator
         .store
-        .actions(q.after.as_deref(), q.target.as_deref(), limit)
+        .actions(after.as_deref(), target.as_deref(), limit)
         .await
         .map_err(|e| store_error(&e))?;
     let next = (actions.len() == limit as usize)

@@ -56,6 +56,9 @@ pub struct ConfigFile {
     pub traces: Option<crate::telemetry::TracesConfig>,
     /// Remediation: policy, safety rails and the actuator (`docs/REMEDIATION.md`).
     pub remediation: Option<crate::remedy::run::RemedyConfig>,
+    /// Limits of the HTTP server: header and idle timeouts, connection caps
+    /// (`docs/API.md`, "Connections").
+    pub server: Option<warden_http::server::ServerConfig>,
 }
 
 /// The settings a flag can override (`None`: not given).
@@ -115,6 +118,8 @@ pub struct ControllerConfig {
     pub traces: crate::telemetry::TracesConfig,
     /// Remediation (dry run unless turned on).
     pub remediation: crate::remedy::run::RemedyConfig,
+    /// Limits of the HTTP server.
+    pub server: warden_http::server::Limits,
 }
 
 impl Default for ControllerConfig {
@@ -131,12 +136,13 @@ impl Default for ControllerConfig {
             tls: None,
             traces: crate::telemetry::TracesConfig::default(),
             remediation: crate::remedy::run::RemedyConfig::default(),
+            server: warden_http::server::Limits::default(),
         }
     }
 }
 
 /// Every top-level key of the file.
-const KEYS: [&str; 12] = [
+const KEYS: [&str; 13] = [
     "listen",
     "max_batch_bytes",
     "tick_interval_ms",
@@ -149,6 +155,7 @@ const KEYS: [&str; 12] = [
     "tls",
     "traces",
     "remediation",
+    "server",
 ];
 
 impl ConfigFile {
@@ -174,6 +181,7 @@ impl ConfigFile {
             tls: l.section("tls"),
             traces: l.section("traces"),
             remediation: l.section("remediation"),
+            server: l.section("server"),
         };
         l.unknown_keys(&KEYS);
         file
@@ -287,6 +295,10 @@ impl ControllerConfig {
         if let Some(d) = &parsed.diagnosis {
             problems.extend(d.problems());
             cfg.diagnosis = d.clone();
+        }
+        if let Some(s) = &parsed.server {
+            problems.extend(s.problems("server"));
+            cfg.server = s.limits(cfg.server);
         }
         for (field, message) in problems {
             l.push(&fo, &field, message);
@@ -536,6 +548,34 @@ mod tests {
         assert!(
             errs.to_string()
                 .contains("/nonexistent/warden.yaml: cannot read"),
+            "{errs}"
+        );
+    }
+
+    #[test]
+    fn server_limits_are_bounded_and_named() {
+        let path = write(
+            "server.yaml",
+            "server:\n  header_timeout_secs: 5\n  max_connections: 1000\n",
+        );
+        let cfg = ControllerConfig::load(Some(&path), no_env, &Overrides::default()).expect("ok");
+        assert_eq!(cfg.server.header_timeout, std::time::Duration::from_secs(5));
+        let limits = cfg.server;
+        assert_eq!(
+            (limits.max_connections, limits.max_connections_per_peer),
+            (1000, 500)
+        );
+        let path = write(
+            "bad-server.yaml",
+            "server:\n  idle_timeout_secs: 0\n  max_connections: 2000000\n",
+        );
+        let errs = ControllerConfig::load(Some(&path), no_env, &Overrides::default())
+            .expect_err("out of bounds");
+        let mut fields: Vec<_> = errs.0.iter().map(|e| e.field.as_str()).collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            ["server.idle_timeout_secs", "server.max_connections"],
             "{errs}"
         );
     }

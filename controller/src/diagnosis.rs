@@ -188,6 +188,9 @@ pub enum FetchError {
     /// The URL made from the template is not valid.
     #[error("bad agent URL {0:?}")]
     Url(String),
+    /// The node name is no DNS-1123 name, so no agent address is made from it.
+    #[error("{0}")]
+    NodeName(String),
     /// No answer in time.
     #[error("no answer within {0} ms")]
     Timeout(u64),
@@ -267,18 +270,23 @@ impl HttpLogSource {
         self
     }
 
-    /// The agent's base URL for `node`.
-    fn base(&self, node: &str) -> String {
+    /// The agent's base URL for `node`: a configured one, or the template with the
+    /// node's name, which must be a DNS-1123 name (ingest refuses any other, and this
+    /// checks again, so no request goes anywhere but to an agent's address).
+    pub fn base(&self, node: &str) -> Result<String, FetchError> {
         match self.urls.get(node) {
-            Some(url) => url.clone(),
-            None => self.url_template.replace("{node}", node),
+            Some(url) => Ok(url.clone()),
+            None => {
+                warden_model::ids::check_node_name(node).map_err(FetchError::NodeName)?;
+                Ok(self.url_template.replace("{node}", node))
+            }
         }
     }
 
-    fn url(&self, node: &str, req: &WindowRequest) -> String {
+    fn url(&self, node: &str, req: &WindowRequest) -> Result<String, FetchError> {
         let mut url = format!(
             "{}/api/v1/logs?around={}&before_secs={}&after_secs={}&limit={}",
-            self.base(node),
+            self.base(node)?,
             req.around_ns,
             req.before_secs,
             req.after_secs,
@@ -288,7 +296,7 @@ impl HttpLogSource {
             url.push_str("&job=");
             url.push_str(&percent_encode(job));
         }
-        url
+        Ok(url)
     }
 
     async fn fetch(&self, node: &str, req: &WindowRequest) -> Result<Vec<AgentLine>, FetchError> {
@@ -296,7 +304,7 @@ impl HttpLogSource {
         struct Answer {
             lines: Vec<AgentLine>,
         }
-        let url = self.url(node, req);
+        let url = self.url(node, req)?;
         let uri: hyper::Uri = url.parse().map_err(|_| FetchError::Url(url.clone()))?;
         let mut builder = hyper::Request::get(uri);
         if let Some(t) = &self.token {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use tokio::net::TcpListener;
 use tracing::Instrument;
+use warden_config::{logfmt, out, outln};
 use warden_controller::SharedEngine;
 use warden_controller::api::{self, ApiState};
 use warden_controller::auth::{self, Auth, Role};
@@ -83,23 +83,20 @@ enum Command {
     Openapi,
 }
 
-/// Log to stderr (filtered by `RUST_LOG`, default `info`) and, when `traces` is given,
-/// send the pipeline's spans and the controller's events within them to it.
+/// Log to stderr (filtered by `RUST_LOG`, default `info`), every field escaped so one
+/// event is one line (`warden_config::logfmt`), and, when `traces` is given, send the
+/// pipeline's spans and the controller's events within them to it.
 fn init_logging(format: LogFormat, traces: Option<&SdkTracerProvider>) {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let fmt = match format {
-        LogFormat::Json => tracing_subscriber::fmt::layer()
-            .json()
-            .with_writer(std::io::stderr)
-            .boxed(),
-        LogFormat::Text => tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .boxed(),
+    let format = match format {
+        LogFormat::Json => logfmt::LogFormat::Json,
+        LogFormat::Text => logfmt::LogFormat::Text,
     };
+    let fmt = logfmt::stderr_layer(format);
     let spans = traces.map(|p| {
         telemetry::layer(p).with_filter(
             tracing_subscriber::filter::Targets::new()
@@ -128,9 +125,9 @@ fn start_traces(config: &ControllerConfig) -> Result<Option<SdkTracerProvider>, 
 fn make_token(name: &str, role: Role) -> ExitCode {
     match auth::new_token() {
         Ok(token) => {
-            println!("token (give it to {name}; it is not stored):\n  {token}\n");
-            println!("token file entry:");
-            println!(
+            outln!("token (give it to {name}; it is not stored):\n  {token}\n");
+            outln!("token file entry:");
+            outln!(
                 "  - name: {name}\n    role: {role}\n    sha256: {}",
                 auth::hash_token(&token)
             );
@@ -149,7 +146,7 @@ fn main() -> ExitCode {
         return make_token(name, *role);
     }
     if let Some(Command::Openapi) = &args.command {
-        print!("{}", warden_controller::openapi::openapi_json());
+        out!("{}", warden_controller::openapi::openapi_json());
         return ExitCode::SUCCESS;
     }
     let overrides = Overrides {
@@ -279,8 +276,8 @@ async fn run(
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
     let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
     let store = open_store(&config.store).await?;
-    let listener = TcpListener::bind(config.listen)
-        .await
+    // A long accept queue: a burst of connections waits instead of losing SYNs.
+    let listener = warden_http::server::bind(config.listen)
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let local = listener.local_addr().context("reading the bound address")?;
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -344,21 +341,15 @@ async fn run(
     // sends it again; an acknowledgement before would be lost to a crash.
     engine.ack_when_stored();
     let app = api::router(state);
+    // HTTP/1.1 only, under the configured timeouts and connection caps; a shutdown
+    // signal lets requests in flight finish.
+    let server = warden_http::server::Server::new(config.server);
     let mut server = match tls {
         Some(config) => {
-            let listener =
-                tls::TlsListener::new(listener, config).context("setting up the TLS listener")?;
-            tokio::spawn(async move {
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(shutdown_signal())
-                    .await
-            })
+            let server = server.with_handshake(tls::TlsHandshake::new(config));
+            tokio::spawn(server.serve(listener, app, shutdown_signal()))
         }
-        None => tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown_signal())
-                .await
-        }),
+        None => tokio::spawn(server.serve(listener, app, shutdown_signal())),
     };
 
     // Follow until the lease is ours; then take the incidents back, finish what the
@@ -397,11 +388,8 @@ async fn run(
     outcome
 }
 
-fn finish(served: Result<std::io::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
-    match served {
-        Ok(r) => r.context("serving HTTP"),
-        Err(e) => Err(anyhow::anyhow!("the HTTP server task failed: {e}")),
-    }
+fn finish(served: Result<(), tokio::task::JoinError>) -> anyhow::Result<()> {
+    served.map_err(|e| anyhow::anyhow!("the HTTP server task failed: {e}"))
 }
 
 /// Become the acting controller: restore live incidents, finish unfinished actions,

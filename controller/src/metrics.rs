@@ -49,6 +49,7 @@ struct Seen {
     batch_gaps: u64,
     ticks: u64,
     rejected: FxHashMap<&'static str, u64>,
+    refused: FxHashMap<&'static str, u64>,
     lifecycle: FxHashMap<(&'static str, &'static str), u64>,
     findings: FxHashMap<IncidentKind, u64>,
     incidents: FxHashMap<IncidentKind, u64>,
@@ -63,6 +64,7 @@ pub struct Metrics {
     batches: IntCounter,
     bytes: IntCounter,
     rejected: IntCounterVec,
+    refused: IntCounterVec,
     lifecycle: IntCounterVec,
     collective_events: IntCounter,
     records: IntCounter,
@@ -350,6 +352,13 @@ impl Metrics {
                 "Batches rejected, by reason.",
                 "reason",
             )?,
+            refused: counter_vec(
+                &r,
+                "warden_ingest_refused_records_total",
+                "Records of accepted batches dropped because a bound on what the controller \
+                 holds was reached (jobs, ranks, comms, nodes, gpu_codes).",
+                "bound",
+            )?,
             lifecycle: {
                 let c = IntCounterVec::new(
                     Opts::new(
@@ -604,6 +613,10 @@ impl Metrics {
         for (reason, n) in &s.rejected {
             let before = seen.rejected.entry(reason).or_default();
             advance(&self.rejected.with_label_values(&[reason]), before, *n);
+        }
+        for (bound, n) in &s.refused {
+            let before = seen.refused.entry(bound).or_default();
+            advance(&self.refused.with_label_values(&[bound]), before, *n);
         }
         for (&(event, scheduler), n) in &s.lifecycle_events {
             let before = seen.lifecycle.entry((event, scheduler)).or_default();

@@ -1,7 +1,7 @@
 //! HTTPS for the controller's API (rustls, ring): a certificate chain and key from PEM
-//! files, and a listener that hands axum only connections whose TLS handshake finished.
-//! Handshakes run in their own tasks with a deadline, so a slow or silent client never
-//! holds up the others.
+//! files, and the TLS handshake `warden_http::server` runs on every accepted connection.
+//! Each handshake runs in its connection's own task with a deadline, so a slow or silent
+//! client never holds up the others, and counts against the connection cap.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,8 +10,7 @@ use std::time::Duration;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
@@ -92,67 +91,40 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, Tls
     })
 }
 
-/// A listener whose connections are TLS streams with a finished handshake.
-#[derive(Debug)]
-pub struct TlsListener {
-    local: std::net::SocketAddr,
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
+/// The TLS handshake of the API's connections, run by `warden_http::server` on each
+/// accepted connection inside its slot: a handshake in progress counts against the
+/// connection cap, is evicted like any idle connection, and has at most
+/// [`HANDSHAKE_TIMEOUT`] (and no more than the server's header timeout).
+#[derive(Clone)]
+pub struct TlsHandshake {
+    acceptor: TlsAcceptor,
 }
 
-impl TlsListener {
-    /// Serve TLS with `config` on connections accepted from `tcp`.
-    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let acceptor = TlsAcceptor::from(config);
-        let (tx, ready) = mpsc::channel(64);
-        tokio::spawn(async move {
-            loop {
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of file descriptors and the like: wait, do not spin.
-                        tracing::warn!(error = %e, "accepting a connection failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                if tx.is_closed() {
-                    return;
-                }
-                let acceptor = acceptor.clone();
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(peer = %peer, error = %e, "TLS handshake failed");
-                        }
-                        Err(_) => {
-                            tracing::debug!(peer = %peer, "TLS handshake timed out");
-                        }
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { local, ready })
+impl std::fmt::Debug for TlsHandshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsHandshake").finish_non_exhaustive()
     }
 }
 
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(c) => c,
-            // The accept task ended: nothing more will come.
-            None => std::future::pending().await,
+impl TlsHandshake {
+    /// Serve TLS with `config`.
+    pub fn new(config: Arc<rustls::ServerConfig>) -> Self {
+        TlsHandshake {
+            acceptor: TlsAcceptor::from(config),
         }
     }
+}
 
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
+impl warden_http::server::Handshake for TlsHandshake {
+    type Io = TlsStream<TcpStream>;
+
+    async fn handshake(&self, tcp: TcpStream) -> std::io::Result<Self::Io> {
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, self.acceptor.accept(tcp)).await {
+            Ok(done) => done,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "TLS handshake timed out",
+            )),
+        }
     }
 }

@@ -261,7 +261,7 @@ pub struct Diagnosis {
     pub evidence: Vec<EvidenceLine>,
     /// The answer in words, citing evidence line ids.
     pub explanation: String,
-    /// Where the answer came from: "rules" or "llm:<model>".
+    /// Where the answer came from: `"rules"` or `"llm:<model>"`.
     #[serde(default = "default_source")]
     pub source: String,
     /// The recommended action, in words (a recommendation only: actions come from policy).

@@ -19,7 +19,9 @@
 //! winning rules' hits, else the end of the log. Memory is bounded whatever the input
 //! length: the classifier keeps a bounded number of hits per rule, the miner a bounded
 //! number of templates, the watchdog scan and this module one small state per rank
-//! (capped). Pure: no I/O, no clock.
+//! (capped). The caller's numbers (world size, first deaths) size nothing: a world size
+//! is compared, never expanded into ranks, and texts list a bounded number of ranks.
+//! Pure: no I/O, no clock.
 
 use std::collections::BTreeMap;
 
@@ -51,8 +53,10 @@ const LAGGING_SCORE: f64 = 0.5;
 /// What is known about the job beyond its log lines. Everything is optional.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PipelineOptions {
-    /// Ranks in the job (ranks `0..world_size`). Unset: the ranks seen in the lines
-    /// stand for the job, so a rank that never printed anything cannot be named silent.
+    /// Ranks in the job (ranks `0..world_size`). Unset, 0 or above
+    /// [`watchdog::MAX_WORLD_SIZE`]: the ranks seen in the lines stand for the job, so a
+    /// rank that never printed anything cannot be named silent. A client's number: it
+    /// is only compared with counts, never sizes the work.
     pub world_size: Option<u32>,
     /// When the failure began, milliseconds since the Unix epoch (e.g. when a detector
     /// fired). Unset: the time of the first winning rule hit, else the end of the log.
@@ -229,11 +233,7 @@ impl<'r> Pipeline<'r> {
 
         if !self.opts.first_failed.is_empty() {
             let first = &self.opts.first_failed;
-            let named = first
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
+            let named = rank_list(first);
             if d.culprit.ranks.is_empty() {
                 d.culprit.ranks = first.iter().copied().take(MAX_CULPRIT_RANKS).collect();
                 d.culprit.text = with_ranks(&d.culprit.ranks, &d.culprit.text);
@@ -269,7 +269,7 @@ impl<'r> Pipeline<'r> {
             onset_at_ms,
             onset_line,
             culprit_node: suspect_node,
-            total_ranks: self.opts.world_size.map(u64::from),
+            total_ranks: watchdog::believed_world_size(self.opts.world_size).map(u64::from),
             max_lines: templates.len(),
             ..EvidenceQuery::default()
         };
@@ -315,6 +315,25 @@ impl<'r> Pipeline<'r> {
         }
         d
     }
+}
+
+/// The ranks as words, at most [`watchdog::MAX_LISTED_RANKS`] of them by number (the
+/// first deaths are a caller's list, as long as it likes).
+fn rank_list(ranks: &[u32]) -> String {
+    let mut out = ranks
+        .iter()
+        .take(watchdog::MAX_LISTED_RANKS)
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Some(more) = ranks
+        .len()
+        .checked_sub(watchdog::MAX_LISTED_RANKS)
+        .filter(|&m| m > 0)
+    {
+        out.push_str(&format!(" and {more} more"));
+    }
+    out
 }
 
 /// Runs the pipeline over `lines` (see the module docs).
@@ -656,6 +675,46 @@ mod tests {
                 .miner
                 .is_some()
         );
+    }
+
+    /// Invariant: the world size and the first deaths are a client's numbers; neither
+    /// sizes the work nor the answer. A hang and a crash with `world_size` 2^32 - 1 and
+    /// ranks near the top of the range answer at once, with bounded text.
+    #[test]
+    fn a_client_world_size_never_sizes_the_diagnosis() {
+        let top = u32::MAX;
+        let mut lines: Vec<LogLine> = (0..7u32)
+            .map(|i| timeout(top - i, 100))
+            .chain([format!("[rank{}]: iteration 99 | lm loss 2.1", top - 7)])
+            .enumerate()
+            .map(|(i, text)| LogLine {
+                id: i as u64,
+                text,
+                ..LogLine::default()
+            })
+            .collect();
+        lines.rotate_right(1);
+        for (i, l) in lines.iter_mut().enumerate() {
+            l.id = i as u64;
+        }
+        let rules = rules();
+        for first_failed in [Vec::new(), (8..5008u32).map(|i| top - i).collect()] {
+            let opts = PipelineOptions {
+                world_size: Some(u32::MAX),
+                first_failed,
+                ..PipelineOptions::default()
+            };
+            let d = diagnose_lines(&rules, &lines, &opts);
+            assert!(d.evidence.len() <= opts.max_evidence, "{d:#?}");
+            assert!(d.culprit.ranks.len() <= MAX_CULPRIT_RANKS, "{d:#?}");
+            assert!(
+                d.explanation.len() < 2000,
+                "{} bytes: {}",
+                d.explanation.len(),
+                d.explanation
+            );
+            assert!(d.culprit.ranks.iter().all(|&r| r > top - 5008), "{d:#?}");
+        }
     }
 
     #[test]

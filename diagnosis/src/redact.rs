@@ -6,11 +6,24 @@
 //! | removed (`[REDACTED:<kind>]`) | examples |
 //! |---|---|
 //! | private keys | a PEM `-----BEGIN ... PRIVATE KEY-----` block, or its start when cut |
-//! | API tokens by shape | `sk-...`, `ghp_...`/`github_pat_...`, `xoxb-...`, `hf_...`, `AKIA...`, Warden's own `wdn_...`, JWTs, `Bearer ...` |
-//! | values of secret keys | `password=`, `PGPASSWORD=`, `api_key:`, `token=`, `secret=`, `--password x`, `"passwd": "x"` |
-//! | URL credentials | `https://user:pass@host` |
+//! | API tokens by shape | `sk-...`, `ghp_...`/`github_pat_...`, `xoxb-...`, `hf_...`, `glpat-...`, `dckr_pat_...`, `npm_...`, `pypi-AgE...`, `ya29....`, `AIza...`, `AKIA...`, Warden's own `wdn_...`, JWTs, `Bearer ...` |
+//! | Authorization headers | `Authorization: Bearer x`, `Proxy-Authorization: Basic x`, `{"authorization": "token x"}` (the scheme stays) |
+//! | values of secret keys | `password=x`, `DB_PASSWORD=x`, `api_key: x`, `"apiKey": "x"`, `\"db_password\": \"x\"`, `?access_token=x&` |
+//! | values of secret flags | `--db-password x`, `--api-key=x`, `-password x`, `-srcstorepass x`, `'--hub_token', 'x'` |
+//! | command passwords | `mysql -uroot -pSECRET`, `sshpass -p x`, `docker login -p x`, `redis-cli -a x`, `curl -u user:x`, `wandb login KEY`, `.netrc` `password x` |
+//! | URL credentials | `https://user:pass@host`, `redis://:pass@host` |
 //! | e-mail addresses | `alice@example.com` |
 //! | bare base64 blobs | 40+ characters mixing upper, lower and digits, at most one `/` per 16 characters (PEM body lines, cloud secret keys) |
+//!
+//! A key or flag names a secret by its word parts (split at `_`, `-`, `.`, camelCase
+//! humps and digits): it contains `password`, `passwd`,
+//! `passphrase`, `secret` or `credential`, or its last part is `token`, `key`, `pass`,
+//! `pwd`, `auth`, `sig` or a compound of them (`apikey`, `HFTOKEN`, `storepass`).
+//! Innocent words stay: `monkey`, `keyboard`, `KeyError`, `tokenizer`,
+//! `tokens_per_second`, `max_tokens`, `num_key_value_heads`, `eos_token`, `sort_key`,
+//! `--password-stdin`, `password_file`, `PWD=/path`, and values that are no secret
+//! (`${VAR}`, `****`, `true`, `null`, a small number after `token` or `key`). The key or
+//! flag itself always stays; only its value is replaced.
 //!
 //! Within a batch ([`Redactor::redact_batch`]) a secret value found in one string (say
 //! `password=hunter2x` in a log line) is also removed wherever it recurs bare in the
@@ -33,14 +46,16 @@
 //! every line of it.
 //!
 //! Each line is scanned once by a [`RegexSet`] that says which patterns occur; only those
-//! are then run. Redaction is a pure function of its input and the pseudonym map.
+//! are then run, each value after a key or flag read once and at most 4 KiB ahead
+//! before it is judged, so the cost is linear in the line's length. Redaction is a pure
+//! function of its input and the pseudonym map.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::net::Ipv6Addr;
 use std::sync::OnceLock;
 
-use regex::{Regex, RegexSet};
+use regex::{Regex, RegexSet, RegexSetBuilder};
 
 /// What to do with host names and IP addresses (secrets are always removed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -146,12 +161,26 @@ enum Kind {
     Fqdn,
 }
 
+/// Which part of a match is replaced.
+#[derive(Debug, Clone, Copy)]
+enum Take {
+    /// This capture group (0: the whole match).
+    Group(usize),
+    /// Group 1 is a key name followed by its separator (`name=`, `name: `,
+    /// `"name": `); when the name is a secret's ([`secret_name`]), the value after the
+    /// match is replaced.
+    KeyValue,
+    /// Group 1 is a flag's dashes and group 2 its name (`--name`, `-name`); when the
+    /// name is a secret's, the value after `=`, or after spaces unless it is another
+    /// flag, is replaced.
+    Flag,
+}
+
 struct Pattern {
     kind: Kind,
-    /// Capture group replaced (0: the whole match).
-    group: usize,
+    take: Take,
     source: &'static str,
-    /// A check on the matched text that the pattern alone cannot express.
+    /// A check on the replaced text that the pattern alone cannot express.
     accept: fn(&str) -> bool,
 }
 
@@ -176,92 +205,543 @@ fn looks_like_ipv6(s: &str) -> bool {
             .all(|g| g.len() < 3 || g.bytes().any(|b| b.is_ascii_digit()))
 }
 
-/// A value after a secret key that is not itself a placeholder for "nothing".
+/// A value after a secret key that is not itself a stand-in for one: empty, already
+/// redacted, masked (`****`), a reference to a variable (`$DB_PASSWORD`,
+/// `${DB_PASSWORD}`) or a keyword (`true`, `null`, `none`, ...).
 fn secret_value(s: &str) -> bool {
-    let v = s.trim_matches(|c| c == '"' || c == '\'');
-    !v.is_empty() && !v.starts_with("[REDACTED")
+    let v = s.trim_matches(|c| c == '"' || c == '\'' || c == '\\');
+    let keyword = matches!(
+        v.to_ascii_lowercase().as_str(),
+        "true" | "false" | "null" | "none" | "nil" | "yes" | "no" | "on" | "off"
+    );
+    !v.is_empty()
+        && !v.starts_with("[REDACTED")
+        && !v.bytes().all(|b| b == b'*')
+        && !is_variable(v)
+        && !keyword
+}
+
+/// `$NAME` or `${NAME}`: a reference to where the secret is, not the secret.
+fn is_variable(v: &str) -> bool {
+    let Some(rest) = v.strip_prefix('$') else {
+        return false;
+    };
+    let name = rest
+        .strip_prefix('{')
+        .map_or(rest, |r| r.strip_suffix('}').unwrap_or(r));
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 /// Shortest secret value that is also searched for in the other strings of a batch
 /// (shorter ones would hit ordinary words).
 const MIN_ECHOED_SECRET: usize = 6;
 
-const SECRET_KEY: &str = r"[A-Za-z0-9_.-]*(?:password|passwd|passphrase|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key|client[_-]?secret|credentials?|PWD)";
+/// Names that hold a secret wherever the word occurs in them, even inside a longer
+/// word (`PGPASSWORD`, `client_secret`, `X-Amz-Credential`).
+const STRONG_WORDS: [&str; 5] = ["password", "passwd", "passphrase", "secret", "credential"];
+
+/// Last word parts that make a name say where a secret is or what kind it is, not
+/// what it is (`--password-stdin`, `password_file`, `secretName`, `credential.helper`).
+const NOT_THE_SECRET: [&str; 16] = [
+    "stdin", "file", "path", "dir", "env", "prompt", "length", "policy", "name", "ref", "id",
+    "arn", "helper", "provider", "source", "type",
+];
+
+/// Words before `token` that make it a tokenizer's special token (`eos_token: "</s>"`).
+const SPECIAL_TOKENS: [&str; 18] = [
+    "pad",
+    "eos",
+    "bos",
+    "unk",
+    "sep",
+    "cls",
+    "mask",
+    "special",
+    "start",
+    "end",
+    "image",
+    "audio",
+    "video",
+    "vision",
+    "additional",
+    "eot",
+    "fim",
+    "im",
+];
+
+/// Words before `key` that make it a lookup key, not a credential (`sort_key`,
+/// `text_key`, `query_key_value`'s neighbours).
+const LOOKUP_KEYS: [&str; 40] = [
+    "sort",
+    "cache",
+    "primary",
+    "foreign",
+    "partition",
+    "routing",
+    "shard",
+    "lookup",
+    "dict",
+    "index",
+    "public",
+    "row",
+    "column",
+    "hash",
+    "group",
+    "join",
+    "metric",
+    "monitor",
+    "label",
+    "input",
+    "output",
+    "text",
+    "image",
+    "caption",
+    "audio",
+    "video",
+    "prompt",
+    "response",
+    "target",
+    "sample",
+    "data",
+    "dataset",
+    "feature",
+    "field",
+    "state",
+    "model",
+    "config",
+    "query",
+    "value",
+    "batch",
+];
+
+/// Single words that end in a credential word (`apikey`, `keystorepass`).
+const KEY_COMPOUNDS: [&str; 12] = [
+    "apikey",
+    "accesskey",
+    "authkey",
+    "privatekey",
+    "sshkey",
+    "sessionkey",
+    "hmackey",
+    "signingkey",
+    "masterkey",
+    "encryptionkey",
+    "licensekey",
+    "dbpass",
+];
+
+/// How a secret name's value is judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SecretName {
+    /// Any value is a secret.
+    Always,
+    /// Any value but a small plain number (`max_token=512` is not a credential).
+    NotANumber,
+    /// The shell's working directory (`PWD`, `OLDPWD`): a path is not a secret.
+    NotAPath,
+}
+
+/// The word parts of a name, lower case: split at `_`, `-`, `.` and other
+/// punctuation, at camelCase humps (`apiKey`, `APIKey`) and between letters and
+/// digits; parts that are only digits are left out.
+fn name_parts(name: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    for word in name.split(|c: char| !c.is_ascii_alphanumeric()) {
+        let b = word.as_bytes();
+        let mut start = 0;
+        for i in 1..b.len() {
+            let (prev, c) = (b[i - 1], b[i]);
+            let next_lower = b.get(i + 1).is_some_and(u8::is_ascii_lowercase);
+            let hump = (prev.is_ascii_lowercase() && c.is_ascii_uppercase())
+                || (prev.is_ascii_uppercase() && c.is_ascii_uppercase() && next_lower)
+                || prev.is_ascii_digit() != c.is_ascii_digit();
+            if hump {
+                parts.push(word[start..i].to_ascii_lowercase());
+                start = i;
+            }
+        }
+        if start < b.len() {
+            parts.push(word[start..].to_ascii_lowercase());
+        }
+    }
+    parts.retain(|p| !p.bytes().all(|b| b.is_ascii_digit()));
+    parts
+}
+
+/// Whether a key or flag name is a secret's, and how its value is judged. A name is
+/// a secret's when it contains `password`, `passwd`, `passphrase`, `secret` or
+/// `credential` (unless its last word part says where the secret is: `_file`,
+/// `-stdin`, `Name`, ...), or when its last word part is `token` (or ends in it),
+/// `key` (or is a compound such as `apikey`), `pass`, `pwd` (or ends in it), `auth`,
+/// `sig`, or `signature` after another part. `monkey`, `keyboard`, `tokenizer`,
+/// `tokens_per_second`, `num_key_value_heads`, `KeyError`, `eos_token`, `sort_key`
+/// are not.
+fn secret_name(name: &str) -> Option<SecretName> {
+    let lower = name.to_ascii_lowercase();
+    if lower == "pwd" || lower == "oldpwd" {
+        return Some(SecretName::NotAPath);
+    }
+    let parts = name_parts(name);
+    let (last, before) = parts.split_last()?;
+    let last = last.as_str();
+    let prev = before.last().map(String::as_str);
+    if STRONG_WORDS.iter().any(|w| lower.contains(w)) {
+        return (!NOT_THE_SECRET.contains(&last)).then_some(SecretName::Always);
+    }
+    let named = match last {
+        "token" => !prev.is_some_and(|p| SPECIAL_TOKENS.contains(&p)),
+        "key" => !prev.is_some_and(|p| LOOKUP_KEYS.contains(&p)),
+        "sig" => true,
+        "signature" => prev.is_some(),
+        l => l.ends_with("token"),
+    };
+    if named {
+        return Some(SecretName::NotANumber);
+    }
+    let always = matches!(last, "pass" | "auth" | "passin" | "passout")
+        || last.ends_with("pwd")
+        || last.ends_with("storepass")
+        || last.ends_with("keypass")
+        || KEY_COMPOUNDS.contains(&last);
+    always.then_some(SecretName::Always)
+}
+
+/// Whether `value`, given to `name`, is a secret.
+fn secret_pair(name: &str, value: &str) -> bool {
+    let Some(how) = secret_name(name) else {
+        return false;
+    };
+    let v = value.trim_matches(|c| c == '"' || c == '\'' || c == '\\');
+    secret_value(value)
+        && match how {
+            SecretName::Always => true,
+            SecretName::NotANumber => !(v.len() <= 9 && v.bytes().all(|b| b.is_ascii_digit())),
+            SecretName::NotAPath => !(v.starts_with('/') || v.starts_with('~')),
+        }
+}
+
+/// Longest value read after a key or flag before it is judged, bytes; the bound keeps
+/// redaction linear in the line's length whatever the line repeats. A secret value cut
+/// here is then replaced up to the next white space.
+const MAX_VALUE_BYTES: usize = 4096;
+
+/// The value starting at `from` (after spaces and tabs), as a byte range: a quoted
+/// string with its quotes (a `"..."` one honours `\"`; unclosed, it runs to the end of
+/// the line), a JSON string inside a string (`\"...\"`), `${NAME}`, or a run up to
+/// white space or one of `,;&"'}]`; never more than [`MAX_VALUE_BYTES`]. `None` when
+/// there is none.
+fn value_at(text: &str, from: usize) -> Option<(usize, usize)> {
+    let b = text.as_bytes();
+    let mut start = from;
+    while b.get(start).is_some_and(|&c| c == b' ' || c == b'\t') {
+        start += 1;
+    }
+    let mut limit = (start + MAX_VALUE_BYTES).min(b.len());
+    while !text.is_char_boundary(limit) {
+        limit -= 1;
+    }
+    let rest = b.get(start..limit)?;
+    // Up to the closing byte (included) or the end of the line or of the window.
+    let closing = |open: usize, close: &[u8], escapes: bool| {
+        let mut i = open;
+        while i < rest.len() {
+            match rest[i] {
+                b'\n' | b'\r' => return start + i,
+                b'\\' if escapes && i + 1 < rest.len() && rest[i + 1] != b'\n' => i += 2,
+                _ if rest[i..].starts_with(close) => return start + i + close.len(),
+                _ => i += 1,
+            }
+        }
+        limit
+    };
+    let end = match rest {
+        [] => return None,
+        [b'\\', b'"', ..] => closing(2, b"\\\"", false),
+        [b'"', ..] => closing(1, b"\"", true),
+        [b'\'', ..] => closing(1, b"'", false),
+        [b'$', b'{', ..] => closing(2, b"}", false),
+        _ => {
+            let stop = |c: u8| c.is_ascii_whitespace() || b",;&\"'}]".contains(&c);
+            let run = rest.iter().position(|&c| stop(c)).unwrap_or(rest.len());
+            // `...\"` ends a value inside an escaped JSON string.
+            let run = match rest[..run].iter().position(|&c| c == b'\\') {
+                Some(i) if rest.get(i + 1) == Some(&b'"') => i,
+                _ => run,
+            };
+            start + run
+        }
+    };
+    (end > start).then_some((start, end))
+}
+
+/// `(start, end)` of a secret value, carried on to the next white space when
+/// [`value_at`] cut it at [`MAX_VALUE_BYTES`]. Runs once per secret, as the search goes
+/// on after it.
+fn whole_secret(text: &str, (start, end): (usize, usize)) -> (usize, usize) {
+    if end - start < MAX_VALUE_BYTES {
+        return (start, end);
+    }
+    let rest = &text.as_bytes()[end..];
+    let run = rest
+        .iter()
+        .position(u8::is_ascii_whitespace)
+        .unwrap_or(rest.len());
+    (start, end + run)
+}
+
+/// What reading a key or flag found: the secret value's span, if it is one, and where
+/// the search goes on (after the value when there was one, so no value is read twice).
+struct Read {
+    secret: Option<(usize, usize)>,
+    resume: usize,
+}
+
+/// The value of a key whose name and separator `caps` matched.
+fn key_value(text: &str, caps: &regex::Captures<'_>) -> Option<Read> {
+    let (whole, name) = (caps.get(0)?, caps.get(1)?);
+    let skip = Read {
+        secret: None,
+        resume: whole.end(),
+    };
+    if !name
+        .as_str()
+        .starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        || secret_name(name.as_str()).is_none()
+    {
+        return Some(skip);
+    }
+    let sep = text[..whole.end()].bytes().next_back()?;
+    let mut from = whole.end();
+    match (sep, text.as_bytes().get(from)) {
+        // `a == b` and `a::b` are not assignments; `a := b` is.
+        (b'=', Some(b'=')) | (b':', Some(b':')) => return Some(skip),
+        (b':', Some(b'=')) => from += 1,
+        _ => {}
+    }
+    let Some((start, end)) = value_at(text, from) else {
+        return Some(skip);
+    };
+    let secret =
+        secret_pair(name.as_str(), &text[start..end]).then(|| whole_secret(text, (start, end)));
+    Some(Read {
+        resume: secret.map_or(end, |(_, e)| e),
+        secret,
+    })
+}
+
+/// The value of a flag whose dashes and name `caps` matched: after `=`, after spaces
+/// (unless it starts like another flag or a shell operator), or, in an argument list
+/// (`'--token', 'x'`), the next quoted element. A single dash, a letter and then a
+/// capital or a digit is a short option with its value attached (`-pS3cret`, which
+/// the command patterns read), not a name.
+fn flag_value(text: &str, caps: &regex::Captures<'_>) -> Option<Read> {
+    let (dashes, name) = (caps.get(1)?, caps.get(2)?);
+    let skip = Read {
+        secret: None,
+        resume: name.end(),
+    };
+    let b = name.as_str().as_bytes();
+    let attached = dashes.len() == 1
+        && b.get(1)
+            .is_some_and(|c| c.is_ascii_uppercase() || c.is_ascii_digit());
+    if !b.first().is_some_and(u8::is_ascii_alphabetic)
+        || attached
+        || secret_name(name.as_str()).is_none()
+    {
+        return Some(skip);
+    }
+    let after = &text[name.end()..];
+    let value = match after.as_bytes().first() {
+        Some(b'=') => value_at(text, name.end() + 1),
+        Some(b' ' | b'\t') => value_at(text, name.end())
+            .filter(|&(start, _)| !text[start..].starts_with(['-', '|', '&', ';', '>', '<', '#'])),
+        Some(&q @ (b'"' | b'\'')) => after[1..].strip_prefix(',').and_then(|rest| {
+            let at = name.end() + 2 + (rest.len() - rest.trim_start().len());
+            (text.as_bytes().get(at) == Some(&q))
+                .then(|| value_at(text, at))
+                .flatten()
+        }),
+        _ => None,
+    };
+    let Some((start, end)) = value else {
+        return Some(skip);
+    };
+    let secret =
+        secret_pair(name.as_str(), &text[start..end]).then(|| whole_secret(text, (start, end)));
+    Some(Read {
+        resume: secret.map_or(end, |(_, e)| e),
+        secret,
+    })
+}
+
+/// Arguments of a command up to the one looked for (lazily: the first such).
+macro_rules! command_args {
+    () => {
+        r"(?:[ \t]+[^\s|;&]+)*?[ \t]+"
+    };
+}
+/// A command-line value: quoted (with `\"` in a double-quoted one) or a run.
+macro_rules! arg_value {
+    () => {
+        r#"("(?:[^"\\]|\\.)*"|'[^']*'|[^\s"']\S*)"#
+    };
+}
 
 fn patterns() -> Vec<Pattern> {
     // Order matters only for spans that start at the same place: the longer wins.
-    let s = |kind, group, source, accept| Pattern {
+    let s = |kind, take, source, accept| Pattern {
         kind: Kind::Secret(kind),
-        group,
+        take,
         source,
         accept,
     };
+    let g = Take::Group;
     vec![
         s(
             "private-key",
-            0,
+            g(0),
             r"(?s)-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\z)",
             always,
         ),
-        s("token", 0, r"\bsk-[A-Za-z0-9_-]{16,}", always),
+        s("token", g(0), r"\bsk-[A-Za-z0-9_-]{16,}", always),
         s(
             "token",
-            0,
+            g(0),
             r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})",
             always,
         ),
-        s("token", 0, r"\bxox[abposr]-[A-Za-z0-9-]{10,}", always),
-        s("token", 0, r"\bhf_[A-Za-z0-9]{30,}", always),
+        s("token", g(0), r"\bxox[abposr]-[A-Za-z0-9-]{10,}", always),
+        s("token", g(0), r"\bhf_[A-Za-z0-9]{30,}", always),
+        // GitLab, Docker Hub, npm, PyPI and Google OAuth tokens.
+        s(
+            "token",
+            g(0),
+            r"\b(?:glpat-[A-Za-z0-9_-]{20,}|dckr_pat_[A-Za-z0-9_-]{20,}|npm_[A-Za-z0-9]{36,}|pypi-AgE[A-Za-z0-9_-]{50,}|ya29\.[A-Za-z0-9_-]{20,})",
+            always,
+        ),
         // Warden's own API and agent tokens (`warden-controller token`): bare hex, which
         // is otherwise kept, so their prefix is what gives them away.
-        s("token", 0, r"\bwdn_[0-9A-Fa-f]{32,}", always),
-        s("token", 0, r"\bAIza[0-9A-Za-z_-]{35}", always),
+        s("token", g(0), r"\bwdn_[0-9A-Fa-f]{32,}", always),
+        s("token", g(0), r"\bAIza[0-9A-Za-z_-]{35}", always),
         s(
             "aws-key",
-            0,
+            g(0),
             r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA)[A-Z0-9]{16}\b",
             always,
         ),
         s(
             "jwt",
-            0,
+            g(0),
             r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}",
             always,
         ),
         s(
             "token",
-            1,
+            g(1),
             r"(?i)\b(?:bearer|basic|token)\s+([A-Za-z0-9._~+/=-]{8,})",
             looks_like_credential,
         ),
+        // An Authorization header's credentials, whatever they look like; the scheme
+        // word stays.
+        s(
+            "token",
+            g(1),
+            r#"(?i)\b(?:proxy-)?authorization\\?["']?[ \t]*[:=][ \t]*\\?["']?(?:(?:bearer|basic|digest|token|negotiate|ntlm|apikey|sso-key)[ \t]+)?([^\s"',;\\]+)"#,
+            secret_value,
+        ),
+        // key=value, key: value, "key": "value", \"key\": \"value\", ?key=value&.
         s(
             "secret",
-            2,
-            // key=value, key: value, "key": "value", with the key named like a secret.
-            const_format_key_value(),
+            Take::KeyValue,
+            r#"(?-u:\b)([A-Za-z0-9_.-]*(?i:pass|pwd|secret|token|key|credential|auth|sig)[A-Za-z0-9_.-]*)\\?["']?[ \t]*[=:]"#,
+            always,
+        ),
+        // --name value, --name=value, -name value.
+        s(
+            "secret",
+            Take::Flag,
+            r#"(?:^|[\s"'(\[=,])(--?)([A-Za-z0-9_.-]*(?i:pass|pwd|secret|token|key|credential|auth|sig)[A-Za-z0-9_.-]*)"#,
+            always,
+        ),
+        // mysql -pSECRET (a bare -p prompts; -P is the port).
+        s(
+            "secret",
+            g(1),
+            concat!(
+                r#"(?:^|[\s/"'(])(?i:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mysqlcheck|mysqlbinlog|mysqlpump|mariadb|mariadb-dump|mariadb-admin)"#,
+                command_args!(),
+                "-p",
+                arg_value!()
+            ),
+            secret_value,
+        ),
+        // sshpass -p SECRET, docker login -p SECRET, redis-cli -a SECRET.
+        s(
+            "secret",
+            g(1),
+            concat!(
+                r#"(?:^|[\s/"'(])(?:sshpass|(?:docker|podman|nerdctl|buildah|skopeo)[ \t]+login)"#,
+                command_args!(),
+                r"-p(?:=|[ \t]*)",
+                arg_value!()
+            ),
             secret_value,
         ),
         s(
             "secret",
-            1,
-            r#"(?i)(?:^|\s)--?(?:password|passwd|pass|token|secret|api-key|api_key|apikey|access-key|client-secret)(?:=|\s+)("[^"]*"|'[^']*'|[^\s"']+)"#,
+            g(1),
+            concat!(
+                r#"(?:^|[\s/"'(])redis-cli"#,
+                command_args!(),
+                r"-a[ \t]*",
+                arg_value!()
+            ),
+            secret_value,
+        ),
+        // curl -u user:SECRET (the user stays).
+        s(
+            "secret",
+            g(1),
+            concat!(
+                r#"(?:^|[\s/"'(])curl"#,
+                command_args!(),
+                r#"(?:-u[ \t]*|-U[ \t]*|--user[ \t=]+|--proxy-user[ \t=]+)["']?[^\s:"']*:([^\s"']+)"#
+            ),
+            secret_value,
+        ),
+        // wandb login KEY.
+        s(
+            "secret",
+            g(1),
+            concat!(
+                r#"(?:^|[\s/"'(])wandb[ \t]+login"#,
+                command_args!(),
+                r"([A-Za-z0-9][A-Za-z0-9_-]{31,})"
+            ),
+            always,
+        ),
+        // .netrc: `machine h login u password SECRET`, or a `password SECRET` line.
+        s(
+            "secret",
+            g(1),
+            r"(?m)(?:\bmachine[ \t]+\S+[ \t]+login[ \t]+\S+[ \t]+|^[ \t]*)password[ \t]+(\S+)[ \t]*$",
             secret_value,
         ),
         s(
             "credentials",
-            1,
-            r"(?i)\b[a-z][a-z0-9+.-]*://([^/\s:@]+:[^/\s@]+)@",
+            g(1),
+            r"(?i)\b[a-z][a-z0-9+.-]*://([^/\s:@]*:[^/\s?#]+)@",
             always,
         ),
         s(
             "email",
-            0,
+            g(0),
             r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b",
             always,
         ),
         s(
             "blob",
-            1,
+            g(1),
             r"(?:^|[^A-Za-z0-9+/])([A-Za-z0-9+/]{40,}={0,2})",
             looks_like_base64_secret,
         ),
@@ -273,19 +753,10 @@ fn looks_like_credential(s: &str) -> bool {
     s.bytes().any(|b| b.is_ascii_digit()) || s.len() >= 20
 }
 
-fn const_format_key_value() -> &'static str {
-    static KV: OnceLock<String> = OnceLock::new();
-    KV.get_or_init(|| {
-        format!(
-            r#"(?i)(?:^|[^A-Za-z0-9])({SECRET_KEY})["']?\s*[=:]\s*("[^"]*"|'[^']*'|[^\s,;&"'}}\]]+)"#
-        )
-    })
-}
-
 fn network_patterns() -> Vec<Pattern> {
     let p = |kind, group, source, accept| Pattern {
         kind,
-        group,
+        take: Take::Group(group),
         source,
         accept,
     };
@@ -396,6 +867,12 @@ fn plausible_host(s: &str) -> bool {
     ) && s.len() >= 2
 }
 
+/// Cache of the lazy DFA that runs a pattern set, bytes at most (per thread, grown as
+/// needed). With regex's default (2 MiB) the secret patterns together thrash it on
+/// lines with secrets and every line falls back to the slow engine (2 MB/s instead of
+/// 40); 3 MiB suffices today.
+const SET_DFA_BYTES: usize = 8 << 20;
+
 struct Compiled {
     set: RegexSet,
     res: Vec<Regex>,
@@ -411,10 +888,13 @@ impl Compiled {
                 pats.push(p);
             }
         }
-        let set = RegexSet::new(res.iter().map(Regex::as_str)).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "redaction pattern set does not compile");
-            RegexSet::empty()
-        });
+        let set = RegexSetBuilder::new(res.iter().map(Regex::as_str))
+            .dfa_size_limit(SET_DFA_BYTES)
+            .build()
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "redaction pattern set does not compile");
+                RegexSet::empty()
+            });
         Compiled { set, res, pats }
     }
 
@@ -422,18 +902,40 @@ impl Compiled {
     fn spans(&self, text: &str, out: &mut Vec<Span>) {
         for i in self.set.matches(text).iter() {
             let (re, pat) = (&self.res[i], &self.pats[i]);
-            for caps in re.captures_iter(text) {
-                let Some(m) = caps.get(pat.group) else {
-                    continue;
+            let mut at = 0;
+            while let Some(caps) = re.captures_at(text, at) {
+                let Some(whole) = caps.get(0) else {
+                    break;
                 };
-                if m.is_empty() || !(pat.accept)(m.as_str()) {
-                    continue;
+                // Past this match (one byte on when it is empty), or past the value read.
+                let next = whole.end().max(at + 1);
+                let (found, resume) = match pat.take {
+                    Take::Group(g) => (caps.get(g).map(|m| (m.start(), m.end())), next),
+                    Take::KeyValue | Take::Flag => {
+                        let read = match pat.take {
+                            Take::KeyValue => key_value(text, &caps),
+                            _ => flag_value(text, &caps),
+                        };
+                        read.map_or((None, next), |r| (r.secret, r.resume.max(next)))
+                    }
+                };
+                if let Some((start, end)) = found
+                    && start < end
+                    && (pat.accept)(&text[start..end])
+                {
+                    out.push(Span {
+                        start,
+                        end,
+                        kind: pat.kind,
+                    });
                 }
-                out.push(Span {
-                    start: m.start(),
-                    end: m.end(),
-                    kind: pat.kind,
-                });
+                if resume > text.len() {
+                    break;
+                }
+                at = resume;
+                while !text.is_char_boundary(at) {
+                    at += 1;
+                }
             }
         }
     }
@@ -527,7 +1029,8 @@ impl Redactor {
             secrets().spans(t, &mut s);
             let secret_spans = resolve(s, &[]);
             for sp in &secret_spans {
-                let value = t[sp.start..sp.end].trim_matches(|c| c == '"' || c == '\'');
+                let value =
+                    t[sp.start..sp.end].trim_matches(|c| c == '"' || c == '\'' || c == '\\');
                 if let (Kind::Secret(label), true) = (sp.kind, value.len() >= MIN_ECHOED_SECRET) {
                     secret_values.push((value.to_owned(), label));
                 }
@@ -781,6 +1284,136 @@ mod tests {
         ];
         for line in keep {
             check(line, line);
+        }
+    }
+
+    /// Invariant: a key or flag name is a secret's by its word parts (split at `_`, `-`,
+    /// `.` and camelCase humps), so `db-password` and `apiKey` are, and `monkey`,
+    /// `keyboard`, `tokenizer` and `num_key_value_heads` are not.
+    #[test]
+    fn secret_names_are_recognised_by_word_part() {
+        let secret = [
+            "password",
+            "db-password",
+            "db_password",
+            "DB_PASSWORD",
+            "PGPASSWORD",
+            "dbPassword",
+            "passwd",
+            "MYSQL_PWD",
+            "pwd",
+            "pass",
+            "SMTP_PASS",
+            "passphrase",
+            "secret",
+            "client_secret",
+            "secretKey",
+            "AWS_SECRET_ACCESS_KEY",
+            "SecretAccessKey",
+            "token",
+            "hub_token",
+            "HF_TOKEN",
+            "authToken",
+            "HFTOKEN",
+            "x-auth-token",
+            "SessionToken",
+            "key",
+            "api_key",
+            "apiKey",
+            "APIKey",
+            "api-key",
+            "apikey",
+            "access-key",
+            "ssh-key",
+            "x-api-key",
+            "credential",
+            "credentials",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            "X-Amz-Credential",
+            "auth",
+            "basic_auth",
+            "sig",
+            "X-Amz-Signature",
+            "trustStorePassword",
+            "srcstorepass",
+            "keypass",
+        ];
+        let not_secret = [
+            "monkey",
+            "keyboard",
+            "KeyboardInterrupt",
+            "KeyError",
+            "tokenizer",
+            "tokens",
+            "tokens_per_second",
+            "max_tokens",
+            "num_key_value_heads",
+            "query_key_value",
+            "key_value",
+            "eos_token",
+            "pad_token",
+            "pad_token_id",
+            "sort_key",
+            "text_key",
+            "password_file",
+            "password-stdin",
+            "secretName",
+            "secretKeyRef",
+            "credential.helper",
+            "AWS_SHARED_CREDENTIALS_FILE",
+            "auth_type",
+            "authentication",
+            "Authorization",
+            "SSH_AUTH_SOCK",
+            "bypass",
+            "passthrough",
+            "signature",
+            "StrictHostKeyChecking",
+            "access_key_id",
+            "TOKENIZERS_PARALLELISM",
+            "master_port",
+        ];
+        for name in secret {
+            assert!(secret_name(name).is_some(), "{name} names a secret");
+        }
+        for name in not_secret {
+            assert_eq!(secret_name(name), None, "{name} does not name a secret");
+        }
+        assert_eq!(
+            name_parts("APIKey2_x-amz.Signature"),
+            ["api", "key", "x", "amz", "signature"]
+        );
+        // A small number is not a token; a path is not the working directory's secret.
+        assert!(!secret_pair("max_token", "512"));
+        assert!(secret_pair("pwd", "123456"));
+        assert!(!secret_pair("PWD", "/workspace"));
+        assert!(secret_pair("PWD", "hunter2"));
+        assert!(!secret_pair("password", "${DB_PASSWORD}"));
+        assert!(!secret_pair("password", "********"));
+    }
+
+    /// Invariant: redaction is linear in the line's length whatever the line repeats
+    /// (each value is read once and at most [`MAX_VALUE_BYTES`] ahead before it is
+    /// judged); a secret longer than that is still removed whole.
+    #[test]
+    fn repeated_keys_and_flags_are_read_once_and_long_secrets_go_whole() {
+        let long = format!("password={} tail", "x".repeat(3 * MAX_VALUE_BYTES));
+        assert_eq!(
+            Redactor::default().redact_secrets(&long),
+            "password=[REDACTED:secret] tail"
+        );
+        // Each of these once took quadratic time (a value read to the line's end for
+        // every key); now each is a single pass over about 1 MB.
+        for unit in [
+            "password=",
+            "--token ",
+            "x-api-key: ",
+            "\"password\": \"\\",
+            "--token -(",
+        ] {
+            let line = unit.repeat(1_000_000 / unit.len());
+            let out = Redactor::default().redact_secrets(&line);
+            assert!(out.len() <= line.len() * 2, "{unit:?}");
         }
     }
 

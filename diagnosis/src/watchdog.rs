@@ -32,7 +32,11 @@
 //! "Behind" must be the smaller side (at most as many ranks as are ahead); otherwise the
 //! lines do not single anyone out and the answer is `None`.
 //!
-//! Memory is bounded: one small state per (process group, rank), capped. Pure: no I/O.
+//! Memory and time are bounded by the lines read, never by a number they or the caller
+//! state: one small state per (process group, rank), capped; a world size is a count
+//! that is compared, never a range of ranks that is built or walked (one above
+//! [`MAX_WORLD_SIZE`] is not believed at all); an explanation lists at most
+//! [`MAX_LISTED_RANKS`] ranks. Pure: no I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
@@ -45,6 +49,22 @@ use crate::model::LogLine;
 const MAX_STATES: usize = 1 << 20;
 /// Evidence line ids returned at most.
 const MAX_EVIDENCE: usize = 16;
+/// Largest world size believed. The wire refuses ranks at or above
+/// [`warden_model::wire::MAX_RANK`], so no job has more ranks than that; a larger world
+/// size is a client's mistake (or attack) and is treated as unknown: the ranks seen in
+/// the lines stand for the job. Below it, a world size is still only ever compared
+/// with counts, so it costs nothing either way.
+pub const MAX_WORLD_SIZE: u32 = warden_model::wire::MAX_RANK;
+/// Ranks an explanation lists by number at most; the rest are counted.
+pub const MAX_LISTED_RANKS: usize = 32;
+/// Process groups whose desync report is kept at most.
+const MAX_DESYNC_GROUPS: usize = 1024;
+
+/// The world size taken from a caller: `None` for 0 (no job has no ranks) and above
+/// [`MAX_WORLD_SIZE`] (no job has that many).
+pub fn believed_world_size(world_size: Option<u32>) -> Option<u32> {
+    world_size.filter(|&n| (1..=MAX_WORLD_SIZE).contains(&n))
+}
 
 /// Why the ranks were named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,8 +335,13 @@ impl WatchdogScan {
 
     fn apply(&mut self, record: WatchdogRecord) {
         if let WatchdogEvent::DesyncLagging { ranks } = &record.event {
+            if !self.desync.contains_key(&record.pg) && self.desync.len() >= MAX_DESYNC_GROUPS {
+                self.dropped += 1;
+                return;
+            }
             let entry = self.desync.entry(record.pg.clone()).or_default();
-            entry.0.extend(ranks.iter().copied());
+            let room = MAX_STATES.saturating_sub(entry.0.len());
+            entry.0.extend(ranks.iter().copied().take(room));
             if entry.1.len() < MAX_EVIDENCE {
                 entry.1.push(record.line);
             }
@@ -364,11 +389,12 @@ impl WatchdogScan {
 
     /// Names the lagging ranks, or `None` when the lines do not single anyone out.
     /// `world_size`, when given, is the number of ranks in the job (ranks `0..world`);
-    /// otherwise the ranks seen in any line stand for the job.
+    /// otherwise, and when it is not believed ([`believed_world_size`]), the ranks seen
+    /// in any line stand for the job. Its cost depends on the lines read only.
     pub fn finish(&self, world_size: Option<u32>) -> Option<LaggingRanks> {
-        let world: BTreeSet<u32> = match world_size {
-            Some(n) => (0..n).collect(),
-            None => self.ranks_seen.clone(),
+        let world = match believed_world_size(world_size) {
+            Some(n) => World::Size(n),
+            None => World::Seen(&self.ranks_seen),
         };
         let mut pgs: Vec<&String> = self
             .states
@@ -378,33 +404,34 @@ impl WatchdogScan {
             .collect();
         pgs.sort_by_key(|pg| (pg.as_str() != "0", pg.parse::<u64>().unwrap_or(u64::MAX)));
         pgs.dedup();
-        pgs.into_iter().find_map(|pg| self.finish_pg(pg, &world))
+        pgs.into_iter().find_map(|pg| self.finish_pg(pg, world))
     }
 
-    fn finish_pg(&self, pg: &str, world: &BTreeSet<u32>) -> Option<LaggingRanks> {
+    fn finish_pg(&self, pg: &str, world: World<'_>) -> Option<LaggingRanks> {
+        // This group's states only: a range of the map, not a pass over every group's.
+        let group = (pg.to_owned(), 0)..=(pg.to_owned(), u32::MAX);
         let states: BTreeMap<u32, &RankState> = self
             .states
-            .iter()
-            .filter(|((p, _), _)| p == pg)
+            .range(group)
             .map(|((_, r), s)| (*r, s))
             .collect();
 
         // 1. The desync report.
-        if let Some((named, lines)) = self.desync.get(pg) {
-            let everyone = !world.is_empty() && world.iter().all(|r| named.contains(r));
-            if !named.is_empty() && !everyone {
-                return Some(LaggingRanks {
-                    ranks: named.iter().copied().collect(),
-                    pg: pg.to_owned(),
-                    reason: LagReason::DesyncReport,
-                    seq: None,
-                    evidence: lines.clone(),
-                    explanation: format!(
-                        "PyTorch's desync report names rank(s) {} as lagging",
-                        join(named.iter())
-                    ),
-                });
-            }
+        if let Some((named, lines)) = self.desync.get(pg)
+            && !named.is_empty()
+            && !world.within(named)
+        {
+            return Some(LaggingRanks {
+                ranks: named.iter().copied().collect(),
+                pg: pg.to_owned(),
+                reason: LagReason::DesyncReport,
+                seq: None,
+                evidence: lines.clone(),
+                explanation: format!(
+                    "PyTorch's desync report names rank(s) {} as lagging",
+                    join(named.iter())
+                ),
+            });
         }
 
         // 2-4. Sequence numbers.
@@ -452,8 +479,9 @@ impl WatchdogScan {
             return None;
         }
         let reported: BTreeSet<u32> = states.keys().copied().collect();
-        let silent: Vec<u32> = world.difference(&reported).copied().collect();
-        if silent.is_empty() || silent.len() * 4 > world.len() {
+        // At most a quarter of the job may be silent; beyond, nothing is listed.
+        let silent = world.missing(&reported, world.len() / 4)?;
+        if silent.is_empty() {
             return None;
         }
         let seq = seqs.into_iter().next().flatten();
@@ -513,8 +541,80 @@ fn behind(
     })
 }
 
-fn join<'a>(ranks: impl Iterator<Item = &'a u32>) -> String {
-    ranks.map(u32::to_string).collect::<Vec<_>>().join(", ")
+/// The ranks of a job as far as they are known. A world size stays a number: it is
+/// compared with counts of the ranks read, never turned into the ranks `0..n`.
+#[derive(Debug, Clone, Copy)]
+enum World<'a> {
+    /// Ranks `0..n`, `n` believed ([`believed_world_size`]).
+    Size(u32),
+    /// The ranks seen in any line.
+    Seen(&'a BTreeSet<u32>),
+}
+
+impl World<'_> {
+    /// Number of ranks.
+    fn len(self) -> usize {
+        match self {
+            World::Size(n) => n as usize,
+            World::Seen(seen) => seen.len(),
+        }
+    }
+
+    /// Whether every rank of the world is in `set` (false for an empty world). Cost:
+    /// the size of `set`.
+    fn within(self, set: &BTreeSet<u32>) -> bool {
+        match self {
+            World::Size(n) => n > 0 && set.range(..n).count() == n as usize,
+            World::Seen(seen) => {
+                !seen.is_empty() && seen.len() <= set.len() && seen.iter().all(|r| set.contains(r))
+            }
+        }
+    }
+
+    /// The ranks of the world not in `reported`, ascending; `None` when there are more
+    /// than `max`. Cost: the size of `reported` and of the answer, plus, for
+    /// [`World::Seen`], its size (at most four times that of `reported` whenever an
+    /// answer is built).
+    fn missing(self, reported: &BTreeSet<u32>, max: usize) -> Option<Vec<u32>> {
+        match self {
+            World::Size(n) => {
+                let present = reported.range(..n).count();
+                let absent = (n as usize).saturating_sub(present);
+                if absent > max {
+                    return None;
+                }
+                // The gaps between the reported ranks, in order.
+                let mut out = Vec::with_capacity(absent);
+                let mut next = 0u32;
+                for &r in reported.range(..n).chain(std::iter::once(&n)) {
+                    out.extend(next..r);
+                    next = r.saturating_add(1);
+                }
+                Some(out)
+            }
+            World::Seen(seen) => {
+                let present = reported.iter().filter(|r| seen.contains(r)).count();
+                if seen.len().saturating_sub(present) > max {
+                    return None;
+                }
+                Some(seen.difference(reported).copied().collect())
+            }
+        }
+    }
+}
+
+/// The ranks as a list, at most [`MAX_LISTED_RANKS`] of them by number.
+fn join<'a>(ranks: impl ExactSizeIterator<Item = &'a u32>) -> String {
+    let total = ranks.len();
+    let mut out = ranks
+        .take(MAX_LISTED_RANKS)
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if total > MAX_LISTED_RANKS {
+        out.push_str(&format!(" and {} more", total - MAX_LISTED_RANKS));
+    }
+    out
 }
 
 /// Scans `lines` and names the lagging ranks (see the module docs).
@@ -751,6 +851,90 @@ mod tests {
         let refs: Vec<&str> = t.iter().map(String::as_str).collect();
         let got = lagging_ranks(&lines(&refs), None).expect("rank 3 of PG 1 lags");
         assert_eq!((got.ranks, got.pg.as_str()), (vec![3], "1"));
+    }
+
+    /// Invariant: a world size is a client's number (a rank registered with
+    /// `world_size: 4294967295` once made the controller allocate 17 GB); it never sizes
+    /// an allocation or a loop. Ranks near the top of the `u32` range are read like any.
+    #[test]
+    fn a_client_world_size_never_sizes_the_work() {
+        let top = u32::MAX;
+        // Seven ranks near the top time out together; the eighth printed only before.
+        let mut t: Vec<String> = (0..7u32).map(|i| timeout(top - i, 100)).collect();
+        t.insert(0, format!("[rank{}]: iteration 99 | lm loss 2.1", top - 7));
+        // No job has 2^32 - 1 ranks: the ranks seen stand for the job.
+        check(&t, Some(u32::MAX), Some((&[top - 7], LagReason::Silent)));
+        // The largest world believed, 0..MAX_WORLD_SIZE, holds none of these ranks:
+        // nobody is singled out, and nothing is counted rank by rank.
+        check(&t, Some(MAX_WORLD_SIZE), None);
+        check(&t, Some(MAX_WORLD_SIZE - 1), None);
+
+        let mut t: Vec<String> = (0..4u32)
+            .filter(|&i| i != 3)
+            .flat_map(|i| [timeout(top - i, 100), status(top - i, 100, 100, 99)])
+            .collect();
+        t.push(status(top - 3, 99, 99, 98));
+        check(
+            &t,
+            Some(u32::MAX),
+            Some((&[top - 3], LagReason::BehindEnqueued)),
+        );
+
+        let mut t: Vec<String> = (0..4u32).map(|i| timeout(top - i, 39)).collect();
+        t.push(format!(
+            "\t   - [{top}] joined but didn't finish collective #39 (count from 1)"
+        ));
+        check(&t, Some(u32::MAX), Some((&[top], LagReason::DesyncReport)));
+        check(
+            &t,
+            Some(MAX_WORLD_SIZE),
+            Some((&[top], LagReason::DesyncReport)),
+        );
+
+        // A world of ranks 0..n with most of it present: the silent ones are found
+        // between the reported ones, without walking 0..n.
+        let n = 4096u32;
+        let t: Vec<String> = (0..n)
+            .filter(|r| r % 512 != 7)
+            .map(|r| timeout(r, 5))
+            .collect();
+        let got = lagging_ranks(
+            &lines(&t.iter().map(String::as_str).collect::<Vec<_>>()),
+            Some(n),
+        )
+        .expect("the silent ranks are named");
+        assert_eq!(got.reason, LagReason::Silent);
+        assert_eq!(
+            got.ranks,
+            (0..n).filter(|r| r % 512 == 7).collect::<Vec<_>>()
+        );
+    }
+
+    /// Invariant: the answer's text is bounded whatever the number of ranks it names
+    /// (each rank is listed up to a cap, then counted).
+    #[test]
+    fn an_explanation_lists_a_bounded_number_of_ranks() {
+        // 4000 ranks time out together; 1000 more printed only ordinary lines.
+        let mut t: Vec<String> = (0..1000u32)
+            .map(|r| format!("[rank{r}]: iteration 99 | lm loss 2.1"))
+            .collect();
+        t.extend((1000..5000u32).map(|r| timeout(r, 100)));
+        let refs: Vec<&str> = t.iter().map(String::as_str).collect();
+        let got = lagging_ranks(&lines(&refs), None).expect("the silent ranks are named");
+        assert_eq!(got.reason, LagReason::Silent);
+        assert_eq!(got.ranks.len(), 1000);
+        assert!(got.evidence.len() <= MAX_EVIDENCE);
+        assert!(
+            got.explanation.len() < 600,
+            "{} bytes: {}",
+            got.explanation.len(),
+            got.explanation
+        );
+        assert!(
+            got.explanation.contains("and 968 more"),
+            "{}",
+            got.explanation
+        );
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub enum Encoding {
 pub struct EngineConfig {
     /// Detector settings.
     pub detect: DetectConfig,
+    /// Bounds on what the engine holds, whatever clients send.
+    pub limits: crate::state::Limits,
 }
 
 /// Counters the engine keeps about itself; `/metrics` exports them.
@@ -49,6 +51,9 @@ pub struct EngineStats {
     pub other_records: u64,
     /// Records ignored as duplicates or stale.
     pub stale_records: u64,
+    /// Records dropped because a bound of [`crate::state::Limits`] was reached, by
+    /// bound (`jobs`, `ranks`, `comms`, `nodes`, `gpu_codes`).
+    pub refused: BTreeMap<&'static str, u64>,
     /// Batches whose agent sequence number showed earlier batches missing.
     pub batch_gaps: u64,
     /// Detector passes run.
@@ -113,7 +118,7 @@ impl Engine {
     pub fn new(config: EngineConfig, origin: Timestamp) -> Self {
         Engine {
             origin,
-            cluster: Cluster::default(),
+            cluster: Cluster::with_limits(config.limits),
             detectors: Detectors::new(config.detect),
             book: IncidentBook::default(),
             stats: EngineStats::default(),
@@ -232,7 +237,7 @@ impl Engine {
         };
         let mut nodes: Vec<String> = j
             .ranks
-            .iter()
+            .values()
             .filter(|r| r.known && r.node != crate::state::NO_NODE)
             .map(|r| self.cluster.node_name(r.node).to_owned())
             .chain(j.lifecycle.iter().flat_map(|l| l.nodes.iter().cloned()))
@@ -367,13 +372,13 @@ impl Engine {
 
     fn add_job_lines(&self, inc: &Incident, job: &JobState, req: &mut DiagnosisRequest) {
         req.world_size = (job.world_size > 0).then_some(job.world_size);
-        for (rank, r) in job.ranks.iter().enumerate() {
+        for (rank, r) in job.ranks.iter() {
             if !r.known {
                 continue;
             }
             let node = (r.node != NO_NODE).then(|| self.cluster.node_name(r.node).to_owned());
             if let Some(n) = &node {
-                if inc.ranks.contains(&(rank as u32)) && !req.culprit_nodes.contains(n) {
+                if inc.ranks.contains(&{ rank }) && !req.culprit_nodes.contains(n) {
                     req.culprit_nodes.push(n.clone());
                 }
                 if !req.peer_nodes.contains(n) {
@@ -382,7 +387,7 @@ impl Engine {
             }
             for line in &r.last_errors {
                 req.held.push(HeldLine {
-                    rank: Some(rank as u32),
+                    rank: Some(rank),
                     node: node.clone(),
                     text: line.clone(),
                 });
@@ -441,6 +446,16 @@ impl Engine {
                 .count() as u32;
         }
         v
+    }
+
+    /// What the engine holds now (see [`crate::state::Limits`]).
+    pub fn held(&self) -> crate::state::Held {
+        self.cluster.held()
+    }
+
+    /// The bounds it holds to.
+    pub fn limits(&self) -> &crate::state::Limits {
+        &self.cluster.limits
     }
 
     /// The engine's own counters.

@@ -197,11 +197,8 @@ pub fn parse(body: &[u8]) -> Result<LifecycleReport, LifecycleError> {
     let mut nodes: Vec<String> = Vec::with_capacity(given.len());
     let mut seen = rustc_hash::FxHashSet::default();
     for (i, n) in given.into_iter().enumerate() {
-        if !plain_id(&n, MAX_NAME_LEN) {
-            return Err(bad(format!(
-                "field `nodes[{i}]`: {n:?} is not a node name (1..={MAX_NAME_LEN} bytes without \
-                 whitespace, control characters or `/`)"
-            )));
+        if let Err(e) = warden_model::ids::check_node_name(&n) {
+            return Err(bad(format!("field `nodes[{i}]`: {e}")));
         }
         if seen.insert(n.clone()) {
             nodes.push(n);

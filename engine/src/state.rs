@@ -34,7 +34,7 @@ pub const PARTIAL_CONFIRM_SECS: f64 = 0.1;
 /// Clock-offset samples kept per agent.
 const OFFSET_SAMPLES: usize = 32;
 /// Node events remembered per boot for deduplication before the set is reset.
-const MAX_SEEN_EVENTS: usize = 65_536;
+const MAX_SEEN_EVENTS: usize = 256;
 /// A job its scheduler says is running is forgotten only after this long without any
 /// report, seconds (a lost end must not keep it forever).
 pub const RUNNING_RETENTION_SECS: f64 = 7.0 * 86_400.0;
@@ -556,6 +556,105 @@ pub struct GpuTrouble {
     pub message: String,
 }
 
+/// The rank states of one job by global rank, sparse: a slot for each rank heard of,
+/// so a rank number a client sends sizes nothing. Iteration is in rank order.
+#[derive(Debug, Default)]
+pub struct RankTable {
+    slots: Vec<RankState>,
+    ids: Vec<u32>,
+    index: FxHashMap<u32, u32>,
+    /// Slots in ascending rank order, built when first iterated after a rank was added.
+    order: std::sync::OnceLock<Vec<u32>>,
+}
+
+impl RankTable {
+    /// Rank `rank`, if heard of.
+    pub fn get(&self, rank: u32) -> Option<&RankState> {
+        self.index.get(&rank).map(|&s| &self.slots[s as usize])
+    }
+
+    /// Rank `rank`, if heard of, to change.
+    pub fn get_mut(&mut self, rank: u32) -> Option<&mut RankState> {
+        self.index.get(&rank).map(|&s| &mut self.slots[s as usize])
+    }
+
+    /// Whether rank `rank` was heard of.
+    pub fn contains(&self, rank: u32) -> bool {
+        self.index.contains_key(&rank)
+    }
+
+    /// Ranks heard of.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether no rank was heard of.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// (rank, state) in ascending rank order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &RankState)> {
+        let order = self.order.get_or_init(|| {
+            let mut v: Vec<u32> = (0..self.slots.len() as u32).collect();
+            v.sort_unstable_by_key(|&s| self.ids[s as usize]);
+            v
+        });
+        order
+            .iter()
+            .map(|&s| (self.ids[s as usize], &self.slots[s as usize]))
+    }
+
+    /// Every rank's state, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &RankState> {
+        self.slots.iter()
+    }
+
+    /// Every rank's state to change, in no particular order.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut RankState> {
+        self.slots.iter_mut()
+    }
+
+    /// Rank `rank`, added if new.
+    fn entry(&mut self, rank: u32) -> &mut RankState {
+        let s = match self.index.get(&rank) {
+            Some(&s) => s,
+            None => {
+                let s = self.slots.len() as u32;
+                self.slots.push(RankState::default());
+                self.ids.push(rank);
+                self.index.insert(rank, s);
+                self.order.take();
+                s
+            }
+        };
+        &mut self.slots[s as usize]
+    }
+
+    fn clear(&mut self) {
+        self.slots.clear();
+        self.ids.clear();
+        self.index.clear();
+        self.order.take();
+    }
+}
+
+impl std::ops::Index<u32> for RankTable {
+    type Output = RankState;
+
+    /// Rank `rank`; panics when it was never heard of (callers index only ranks they
+    /// just added or found).
+    fn index(&self, rank: u32) -> &RankState {
+        self.get(rank).expect("rank heard of")
+    }
+}
+
+impl std::ops::IndexMut<u32> for RankTable {
+    fn index_mut(&mut self, rank: u32) -> &mut RankState {
+        self.get_mut(rank).expect("rank heard of")
+    }
+}
+
 /// Everything known about one job.
 #[derive(Debug, Default)]
 pub struct JobState {
@@ -564,7 +663,7 @@ pub struct JobState {
     /// World size, when registered.
     pub world_size: u32,
     /// Ranks by global rank.
-    pub ranks: Vec<RankState>,
+    pub ranks: RankTable,
     /// Communicators.
     pub comms: Vec<CommState>,
     comm_index: FxHashMap<u64, u32>,
@@ -577,6 +676,20 @@ pub struct JobState {
     /// exits that follow are the restart tearing the run down, not a crash. Cleared
     /// when the next run starts.
     pub restart_requested_at: Option<Timestamp>,
+    /// While a batch is applied: ranks it may still add, the bounds, and what it could
+    /// not add.
+    budget: Budget,
+}
+
+/// What the batch being applied may still add to a job, and what it could not.
+#[derive(Debug, Default, Clone, Copy)]
+struct Budget {
+    new_ranks: usize,
+    bytes: usize,
+    max_comms: usize,
+    max_comms_per_rank: usize,
+    refused_ranks: u64,
+    refused_comms: u64,
 }
 
 impl JobState {
@@ -596,32 +709,50 @@ impl JobState {
         self.restart_requested_at = None;
     }
 
-    fn rank_mut(&mut self, rank: u32) -> &mut RankState {
-        let i = rank as usize;
-        if i >= self.ranks.len() {
-            self.ranks.resize_with(i + 1, RankState::default);
+    /// Rank `rank`, added if new and the budget allows; `None` (and counted) if not.
+    fn rank_mut(&mut self, rank: u32) -> Option<&mut RankState> {
+        if !self.ranks.contains(rank) {
+            if self.budget.new_ranks == 0 || self.budget.bytes < RANK_COST {
+                self.budget.refused_ranks += 1;
+                return None;
+            }
+            self.budget.new_ranks -= 1;
+            self.budget.bytes -= RANK_COST;
         }
-        let r = &mut self.ranks[i];
+        let r = self.ranks.entry(rank);
         r.known = true;
-        r
+        Some(r)
     }
 
-    fn comm_idx(&mut self, comm: u64) -> u32 {
+    /// Communicator `comm`'s index, added if new and under the bound.
+    fn comm_idx(&mut self, comm: u64) -> Option<u32> {
         if let Some(&i) = self.comm_index.get(&comm) {
-            return i;
+            return Some(i);
         }
+        if self.comms.len() >= self.budget.max_comms || self.budget.bytes < COMM_COST {
+            self.budget.refused_comms += 1;
+            return None;
+        }
+        self.budget.bytes -= COMM_COST;
         let i = self.comms.len() as u32;
         self.comms.push(CommState::new(CommId(comm)));
         self.comm_index.insert(comm, i);
-        i
+        Some(i)
     }
 
-    /// The member slot of `rank` in communicator `ci`, creating it if needed.
-    fn slot(&mut self, ci: u32, rank: u32) -> u32 {
-        let r = self.rank_mut(rank);
+    /// The member slot of `rank` in communicator `ci`, creating it if needed and under
+    /// the bounds.
+    fn slot(&mut self, ci: u32, rank: u32) -> Option<u32> {
+        let max_per_rank = self.budget.max_comms_per_rank;
+        let r = self.rank_mut(rank)?;
         if let Some(&(_, s)) = r.comms.iter().find(|(c, _)| *c == ci) {
-            return s;
+            return Some(s);
         }
+        if r.comms.len() >= max_per_rank || self.budget.bytes < MEMBER_COST {
+            self.budget.refused_comms += 1;
+            return None;
+        }
+        self.budget.bytes -= MEMBER_COST;
         let comm = &mut self.comms[ci as usize];
         let s = comm.members.len() as u32;
         comm.members.push(Member {
@@ -629,8 +760,8 @@ impl JobState {
             ..Member::default()
         });
         comm.multi_node = None;
-        self.ranks[rank as usize].comms.push((ci, s));
-        s
+        self.ranks[rank].comms.push((ci, s));
+        Some(s)
     }
 
     /// Look up a communicator by hash.
@@ -646,7 +777,7 @@ impl JobState {
     /// sequence number that others completed is blocked there only while its agent
     /// keeps saying so after they did (see [`CommState::partially_completed`]).
     pub fn blocked_in(&self, r: u32) -> Option<(u32, u64)> {
-        let rank = self.ranks.get(r as usize)?;
+        let rank = self.ranks.get(r)?;
         let progress = self.last_progress(r);
         rank.comms.iter().find_map(|&(ci, s)| {
             let c = &self.comms[ci as usize];
@@ -661,7 +792,7 @@ impl JobState {
     /// A high quantile (the 90th percentile) of rank `r`'s recent gaps between
     /// collectives, seconds; `None` until it has a few.
     pub fn usual_gap(&self, r: u32) -> Option<f64> {
-        let rank = self.ranks.get(r as usize)?;
+        let rank = self.ranks.get(r)?;
         if rank.gaps.len() < 4 {
             return None;
         }
@@ -672,7 +803,7 @@ impl JobState {
 
     /// When rank `r` last completed any collective ([`Timestamp::ZERO`] if never).
     pub fn last_progress(&self, r: u32) -> Timestamp {
-        self.ranks.get(r as usize).map_or(Timestamp::ZERO, |rank| {
+        self.ranks.get(r).map_or(Timestamp::ZERO, |rank| {
             rank.comms
                 .iter()
                 .map(|&(ci, s)| self.comms[ci as usize].members[s as usize].last_completed_at)
@@ -683,12 +814,12 @@ impl JobState {
 
     /// Ranks whose process exited.
     pub fn exited(&self) -> usize {
-        self.ranks.iter().filter(|r| r.exit.is_some()).count()
+        self.ranks.values().filter(|r| r.exit.is_some()).count()
     }
 
     /// Ranks known.
     pub fn known_ranks(&self) -> usize {
-        self.ranks.iter().filter(|r| r.known).count()
+        self.ranks.values().filter(|r| r.known).count()
     }
 
     /// Typical iteration length, seconds: per rank the median of its last few
@@ -696,7 +827,7 @@ impl JobState {
     pub fn iteration_secs(&self) -> Option<f64> {
         let mut v: Vec<f64> = self
             .ranks
-            .iter()
+            .values()
             .filter_map(|r| {
                 let mut p: Vec<f64> = r.compute.recent(5).map(|s| f64::from(s.period)).collect();
                 median(&mut p)
@@ -709,7 +840,7 @@ impl JobState {
     pub fn node_indices(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self
             .ranks
-            .iter()
+            .values()
             .map(|r| r.node)
             .filter(|&n| n != NO_NODE)
             .collect();
@@ -719,9 +850,110 @@ impl JobState {
     }
 }
 
+/// What one controller holds at most, whatever its clients send: each bound caps memory
+/// that a client's names and numbers would otherwise size. Records past a bound are
+/// dropped and counted ([`EngineStats::refused`]); nothing already held is given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Jobs held at once.
+    pub max_jobs: usize,
+    /// Ranks held at once, over all jobs (about 1 KiB each).
+    pub max_ranks: usize,
+    /// Nodes (agents) held at once.
+    pub max_nodes: usize,
+    /// Communicators per job.
+    pub max_comms_per_job: usize,
+    /// Communicators one rank is a member of.
+    pub max_comms_per_rank: usize,
+    /// Distinct (kind, code) pairs kept per GPU's trouble record.
+    pub max_codes_per_gpu: usize,
+    /// Bytes of job state (ranks, communicators, memberships, spans of the open step)
+    /// held at once, over all jobs, as the engine counts them.
+    pub max_state_bytes: usize,
+}
+
+/// What a rank's state costs, bytes: itself and its place in the table.
+const RANK_COST: usize = std::mem::size_of::<RankState>() + 48;
+/// What one kept error line costs at most.
+const ERROR_LINE_COST: usize = MAX_ERROR_LINE_BYTES + 24;
+/// What a node (its agent's state) costs at most: the state, its name, its recent event
+/// ids, its collectors.
+const NODE_COST: usize = std::mem::size_of::<AgentState>()
+    + 2 * warden_model::wire::MAX_NAME_LEN
+    + MAX_SEEN_EVENTS * 12
+    + 8 * 88;
+/// What a communicator costs at most: itself, its name, its place in the index.
+const COMM_COST: usize = std::mem::size_of::<CommState>() + warden_model::wire::MAX_ID_LEN + 32;
+/// What one rank's membership of a communicator costs.
+const MEMBER_COST: usize = std::mem::size_of::<Member>() + 8;
+/// What one kept span of the open step costs.
+const SPAN_COST: usize = 16;
+
+/// Bytes of a job's state as the budget counts them.
+fn job_bytes(j: &JobState) -> usize {
+    j.ranks.len() * RANK_COST
+        + j.ranks.values().map(|r| r.spans.len()).sum::<usize>() * SPAN_COST
+        + j.comms.len() * COMM_COST
+        + j.comms.iter().map(|c| c.members.len()).sum::<usize>() * MEMBER_COST
+        + j.ranks.values().map(|r| r.last_errors.len()).sum::<usize>() * ERROR_LINE_COST
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_jobs: 4_096,
+            max_ranks: 131_072,
+            max_nodes: 65_536,
+            max_comms_per_job: 65_536,
+            max_comms_per_rank: 128,
+            max_codes_per_gpu: 32,
+            max_state_bytes: 128 << 20,
+        }
+    }
+}
+
+/// What a [`Cluster`] holds, bound by bound of [`Limits`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// Jobs.
+    pub jobs: usize,
+    /// Ranks over all jobs.
+    pub ranks: usize,
+    /// Nodes.
+    pub nodes: usize,
+    /// Communicators of the job with the most.
+    pub comms_per_job: usize,
+    /// Communicators of the rank in the most.
+    pub comms_per_rank: usize,
+    /// Distinct codes of the GPU with the most.
+    pub codes_per_gpu: usize,
+    /// Bytes of job state, as the budget counts them.
+    pub state_bytes: usize,
+}
+
+impl Held {
+    /// Whether everything held is within `l`.
+    pub fn within(&self, l: &Limits) -> bool {
+        self.jobs <= l.max_jobs
+            && self.ranks <= l.max_ranks
+            && self.nodes <= l.max_nodes
+            && self.comms_per_job <= l.max_comms_per_job
+            && self.comms_per_rank <= l.max_comms_per_rank
+            && self.codes_per_gpu <= l.max_codes_per_gpu
+            && self.state_bytes <= l.max_state_bytes
+    }
+}
+
 /// Everything the controller knows about jobs and nodes.
 #[derive(Debug, Default)]
 pub struct Cluster {
+    /// Bounds on what is held.
+    pub limits: Limits,
+    /// Ranks held over all jobs (kept with [`Limits::max_ranks`]).
+    ranks_held: usize,
+    /// Bytes of job state held, as [`job_bytes`] counts them (kept with
+    /// [`Limits::max_state_bytes`]).
+    state_bytes: usize,
     /// Jobs by name.
     pub jobs: FxHashMap<String, JobState>,
     /// Agents by node name.
@@ -794,6 +1026,45 @@ const ERROR_MARKERS: [&str; 8] = [
 ];
 
 impl Cluster {
+    /// What is held now, to hold against [`Limits`].
+    pub fn held(&self) -> Held {
+        Held {
+            jobs: self.jobs.len(),
+            ranks: self.jobs.values().map(|j| j.ranks.len()).sum(),
+            nodes: self.nodes.len(),
+            comms_per_job: self.jobs.values().map(|j| j.comms.len()).max().unwrap_or(0),
+            comms_per_rank: self
+                .jobs
+                .values()
+                .flat_map(|j| j.ranks.values().map(|r| r.comms.len()))
+                .max()
+                .unwrap_or(0),
+            codes_per_gpu: self
+                .gpu_trouble
+                .values()
+                .map(|t| t.codes.len())
+                .max()
+                .unwrap_or(0),
+            state_bytes: self.jobs.values().map(job_bytes).sum::<usize>()
+                + self.nodes.len() * NODE_COST,
+        }
+    }
+
+    /// An empty cluster held within `limits`.
+    pub fn with_limits(limits: Limits) -> Self {
+        Cluster {
+            limits,
+            ..Cluster::default()
+        }
+    }
+
+    /// Count the ranks and bytes held again, after jobs were forgotten or started over.
+    fn recount_ranks(&mut self) {
+        self.ranks_held = self.jobs.values().map(|j| j.ranks.len()).sum();
+        self.state_bytes =
+            self.jobs.values().map(job_bytes).sum::<usize>() + self.nodes.len() * NODE_COST;
+    }
+
     /// Index of a node name, adding it if new.
     pub fn node_idx(&mut self, name: &str) -> u32 {
         if let Some(&i) = self.node_index.get(name) {
@@ -823,6 +1094,17 @@ impl Cluster {
 
     /// Apply one decoded batch received at `now`; returns records applied.
     pub fn apply(&mut self, batch: Batch, now: Timestamp, stats: &mut EngineStats) -> usize {
+        if !self.node_index.contains_key(&batch.node)
+            && (self.nodes.len() >= self.limits.max_nodes
+                || self.state_bytes + NODE_COST > self.limits.max_state_bytes)
+        {
+            let n = batch.events.len() as u64 + batch.jobs.iter().map(records).sum::<u64>();
+            *stats.refused.entry("nodes").or_default() += n.max(1);
+            return 0;
+        }
+        if !self.node_index.contains_key(&batch.node) {
+            self.state_bytes += NODE_COST;
+        }
         let node = self.node_idx(&batch.node);
         let agent = self
             .agents
@@ -853,7 +1135,13 @@ impl Cluster {
             .max()
             .unwrap_or(0);
         if let Some(hb) = &batch.heartbeat {
-            agent.collectors_down.clone_from(&hb.collectors_down);
+            // Collectors are a handful of short names: keep at most 8, cut to 64 bytes.
+            agent.collectors_down = hb
+                .collectors_down
+                .iter()
+                .take(8)
+                .map(|c| prefix(c, 64).to_owned())
+                .collect();
         }
         stats.ingest_lag_s = now.secs_since(agent.correct(batch.sent_at_ns));
         let offset = agent.offset_ns;
@@ -875,14 +1163,14 @@ impl Cluster {
             // Records of the lost batches are missing from whatever iteration is open
             // on this node's ranks: do not let it become a compute sample.
             for job in self.jobs.values_mut() {
-                for r in job.ranks.iter_mut().filter(|r| r.node == node) {
+                for r in job.ranks.values_mut().filter(|r| r.node == node) {
                     r.period_dirty = true;
                 }
             }
         }
 
         for ev in &batch.events {
-            applied += self.apply_node_event(node, &batch.node, ev, offset, now);
+            applied += self.apply_node_event(node, &batch.node, ev, offset, now, stats);
         }
         for js in batch.jobs {
             applied += self.apply_job(node, js, offset, (cut, gap_at), now, stats);
@@ -897,6 +1185,7 @@ impl Cluster {
         ev: &NodeEvent,
         offset: i64,
         now: Timestamp,
+        stats: &mut EngineStats,
     ) -> usize {
         let Some(agent) = self.agents.get_mut(node_name) else {
             return 0;
@@ -933,21 +1222,25 @@ impl Cluster {
                 received_at: now,
                 severity,
                 codes: Vec::new(),
-                message: ev.message.clone(),
+                message: kept_error_line(&ev.message),
             });
         t.last_at = t.last_at.max(at);
         if severity > t.severity {
             t.severity = severity;
-            t.message.clone_from(&ev.message);
+            t.message = kept_error_line(&ev.message);
         }
         let count = ev.count.max(1);
+        let room = t.codes.len() < self.limits.max_codes_per_gpu;
         match t
             .codes
             .iter_mut()
             .find(|(k, c, _)| *k == kind && *c == ev.code)
         {
             Some(e) => e.2 = e.2.saturating_add(count),
-            None => t.codes.push((kind, ev.code, count)),
+            None if room => {
+                t.codes.push((kind, ev.code, count));
+            }
+            None => *stats.refused.entry("gpu_codes").or_default() += 1,
         }
         1
     }
@@ -961,11 +1254,58 @@ impl Cluster {
         now: Timestamp,
         stats: &mut EngineStats,
     ) -> usize {
+        if !self.jobs.contains_key(&js.job) && self.jobs.len() >= self.limits.max_jobs {
+            *stats.refused.entry("jobs").or_default() += records(&js);
+            return 0;
+        }
         let job = self.jobs.entry(js.job.clone()).or_insert_with(|| JobState {
             name: js.job.clone(),
             ..JobState::default()
         });
         job.last_heard = now;
+        let held_before = job.ranks.len();
+        let bytes = self.limits.max_state_bytes.saturating_sub(self.state_bytes);
+        job.budget = Budget {
+            new_ranks: self.limits.max_ranks.saturating_sub(self.ranks_held),
+            bytes,
+            max_comms: self.limits.max_comms_per_job,
+            max_comms_per_rank: self.limits.max_comms_per_rank,
+            refused_ranks: 0,
+            refused_comms: 0,
+        };
+        let n = apply_job_signals(job, node, &js, offset, (cut, gap_at), now, stats);
+        self.ranks_held += job.ranks.len() - held_before;
+        self.state_bytes += bytes - job.budget.bytes;
+        if job.budget.refused_ranks > 0 {
+            *stats.refused.entry("ranks").or_default() += job.budget.refused_ranks;
+        }
+        if job.budget.refused_comms > 0 {
+            *stats.refused.entry("comms").or_default() += job.budget.refused_comms;
+        }
+        n
+    }
+}
+
+/// Records a job's signals carry.
+fn records(js: &JobSignals) -> u64 {
+    (js.ranks.len()
+        + js.comms.len()
+        + js.collectives.len()
+        + js.metrics.len()
+        + js.processes.len()
+        + js.logs.len()) as u64
+}
+
+fn apply_job_signals(
+    job: &mut JobState,
+    node: u32,
+    js: &JobSignals,
+    offset: i64,
+    (cut, gap_at): (Timestamp, Timestamp),
+    now: Timestamp,
+    stats: &mut EngineStats,
+) -> usize {
+    {
         let mut n = 0;
         for r in &js.ranks {
             apply_rank_info(job, node, r, now);
@@ -1002,7 +1342,9 @@ impl Cluster {
         stats.other_records += n as u64;
         n + js.collectives.len()
     }
+}
 
+impl Cluster {
     /// Apply a scheduler's report about `job` received at `now`, creating the job's
     /// state when no agent reported it yet.
     pub fn apply_lifecycle(
@@ -1025,6 +1367,7 @@ impl Cluster {
                 let applied = l.apply(report, now);
                 if l.restarts > restarts {
                     js.new_run();
+                    self.recount_ranks();
                 }
                 applied
             }
@@ -1049,6 +1392,7 @@ impl Cluster {
             };
             now.secs_since(j.last_heard) < keep
         });
+        self.recount_ranks();
         self.gpu_trouble
             .retain(|_, t| now.secs_since(t.last_at) < retention_secs);
     }
@@ -1063,7 +1407,7 @@ impl Cluster {
         let js = self.jobs.get(job)?;
         let compute_med = job_compute_median(js);
         let mut out = Vec::with_capacity(js.ranks.len());
-        for (i, r) in js.ranks.iter().enumerate() {
+        for (i, r) in js.ranks.iter() {
             if !r.known {
                 continue;
             }
@@ -1085,7 +1429,7 @@ impl Cluster {
                 .collect();
             let own = rank_compute_median(r, 8);
             out.push(RankView {
-                rank: i as u32,
+                rank: i,
                 node: (r.node != NO_NODE).then(|| self.node_name(r.node).to_owned()),
                 gpu: r.gpu,
                 alive: r.alive(),
@@ -1114,10 +1458,9 @@ impl Cluster {
         let out = js
             .ranks
             .iter()
-            .enumerate()
             .filter(|(_, r)| r.known)
             .map(|(i, r)| RankProgress {
-                rank: i as u32,
+                rank: i,
                 alive: r.alive(),
                 step: r.step,
                 loss: r.loss.filter(|x| x.is_finite()),
@@ -1138,7 +1481,7 @@ impl Cluster {
             .map(|j| {
                 let mut nodes: Vec<u32> = j
                     .ranks
-                    .iter()
+                    .values()
                     .map(|r| r.node)
                     .filter(|&n| n != NO_NODE)
                     .collect();
@@ -1152,7 +1495,7 @@ impl Cluster {
                     nodes: nodes.len() as u32,
                     comms: j.comms.len() as u32,
                     exited: j.exited() as u32,
-                    step: j.ranks.iter().filter_map(|r| r.step).max(),
+                    step: j.ranks.values().filter_map(|r| r.step).max(),
                     iteration_s: j.iteration_secs(),
                     open_incidents: 0,
                     scheduler: l.map(|l| l.scheduler.clone()),
@@ -1209,7 +1552,7 @@ pub fn rank_compute_median(r: &RankState, k: usize) -> Option<f64> {
 fn job_compute_median(js: &JobState) -> Option<f64> {
     let mut v: Vec<f64> = js
         .ranks
-        .iter()
+        .values()
         .filter_map(|r| rank_compute_median(r, 8))
         .collect();
     median(&mut v)
@@ -1219,7 +1562,9 @@ fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestam
     if info.world_size > 0 {
         job.world_size = info.world_size;
     }
-    let r = job.rank_mut(info.rank);
+    let Some(r) = job.rank_mut(info.rank) else {
+        return;
+    };
     r.node = node;
     r.gpu = info.gpu_index;
     if info.pid != 0 && info.pid != r.pid {
@@ -1239,7 +1584,9 @@ fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestam
 }
 
 fn apply_comm_info(job: &mut JobState, info: &CommInfo) {
-    let ci = job.comm_idx(info.comm);
+    let Some(ci) = job.comm_idx(info.comm) else {
+        return;
+    };
     {
         let c = &mut job.comms[ci as usize];
         if c.name.is_empty() && !info.name.is_empty() {
@@ -1260,13 +1607,17 @@ fn apply_collective(
     (cut, gap_at): (Timestamp, Timestamp),
     now: Timestamp,
 ) -> bool {
-    let ci = job.comm_idx(ev.comm);
-    let slot = job.slot(ci, ev.rank);
+    let Some(ci) = job.comm_idx(ev.comm) else {
+        return false;
+    };
+    let Some(slot) = job.slot(ci, ev.rank) else {
+        return false;
+    };
     let start = Timestamp(ev.start_ns.saturating_sub(offset));
     if ev.seq > job.comms[ci as usize].members[slot as usize].last_started_seq {
         let before = job.last_progress(ev.rank);
         if before > Timestamp::ZERO && start > before {
-            job.ranks[ev.rank as usize]
+            job.ranks[ev.rank]
                 .gaps
                 .push(start.secs_since(before) as f32);
         }
@@ -1290,7 +1641,7 @@ fn apply_collective(
         if ev.seq > m.last_completed_seq && ev.seq > max_completed {
             comm.inflight_since = comm.inflight_since.min(start);
         }
-        job.ranks[ev.rank as usize].last_seen = now;
+        job.ranks[ev.rank].last_seen = now;
         return fresh || ev.seq == m.last_started_seq;
     }
     if ev.seq <= m.last_completed_seq {
@@ -1321,13 +1672,14 @@ fn apply_collective(
     // Compute-time accounting without step marks: an iteration runs from one completion
     // of the rank's anchor communicator to the next; compute = its length minus time spent waiting
     // inside collectives. Both are durations on the rank's own clock.
-    let rank = &mut job.ranks[ev.rank as usize];
+    let rank = &mut job.ranks[ev.rank];
     rank.last_seen = now;
     rank.period_dirty |= gap;
     if rank.last_mark.is_some() {
         // Iterations come from step marks: keep the span for the step it falls in.
-        if rank.spans.len() < MAX_SPANS {
+        if rank.spans.len() < MAX_SPANS && job.budget.bytes >= SPAN_COST {
             rank.spans.push((ev.start_ns, ev.end_ns));
+            job.budget.bytes -= SPAN_COST;
         } else {
             rank.period_dirty = true;
         }
@@ -1335,10 +1687,10 @@ fn apply_collective(
     }
     rank.period_wait_ns += wait_ns;
     if rank.anchor.is_none() && completions >= 4 {
-        let anchor = choose_anchor(&job.comms, &job.ranks[ev.rank as usize].comms);
-        job.ranks[ev.rank as usize].anchor = anchor;
+        let anchor = choose_anchor(&job.comms, &job.ranks[ev.rank].comms);
+        job.ranks[ev.rank].anchor = anchor;
     }
-    let rank = &mut job.ranks[ev.rank as usize];
+    let rank = &mut job.ranks[ev.rank];
     let pos = rank
         .comms
         .iter()
@@ -1378,7 +1730,9 @@ fn choose_anchor(comms: &[CommState], mine: &[(u32, u32)]) -> Option<u32> {
 }
 
 fn apply_metric(job: &mut JobState, m: &TrainingMetric, offset: i64, now: Timestamp) {
-    let r = job.rank_mut(m.rank);
+    let Some(r) = job.rank_mut(m.rank) else {
+        return;
+    };
     r.last_seen = now;
     r.mark_step(m.step, m.at_ns, Timestamp(m.at_ns.saturating_sub(offset)));
     if r.step.is_none_or(|s| m.step >= s) {
@@ -1410,7 +1764,9 @@ fn apply_metric(job: &mut JobState, m: &TrainingMetric, offset: i64, now: Timest
 }
 
 fn apply_process(job: &mut JobState, p: &ProcessState, offset: i64, now: Timestamp) {
-    let r = job.rank_mut(p.rank);
+    let Some(r) = job.rank_mut(p.rank) else {
+        return;
+    };
     r.last_seen = now;
     if p.alive {
         r.stopped_since = if p.stopped {
@@ -1452,7 +1808,7 @@ fn apply_process(job: &mut JobState, p: &ProcessState, offset: i64, now: Timesta
 /// A rank heard of only through what its node's agent read (logs, metrics, exits)
 /// runs on that node until a registration says where exactly.
 fn place(job: &mut JobState, rank: u32, node: u32) {
-    if let Some(r) = job.ranks.get_mut(rank as usize)
+    if let Some(r) = job.ranks.get_mut(rank)
         && r.node == NO_NODE
     {
         r.node = node;
@@ -1462,7 +1818,11 @@ fn place(job: &mut JobState, rank: u32, node: u32) {
 fn apply_log(job: &mut JobState, l: &LogRecord, offset: i64, now: Timestamp) {
     let Some(rank) = l.rank else { return };
     let lower = l.line.to_ascii_lowercase();
-    let r = job.rank_mut(rank);
+    let room = job.budget.bytes >= ERROR_LINE_COST;
+    let Some(r) = job.rank_mut(rank) else {
+        return;
+    };
+    let mut charged = false;
     if r.timed_out.is_none()
         && let Some(waited_secs) = collective_timeout(&lower)
     {
@@ -1481,8 +1841,14 @@ fn apply_log(job: &mut JobState, l: &LogRecord, offset: i64, now: Timestamp) {
     if ERROR_MARKERS.iter().any(|m| lower.contains(m)) {
         if r.last_errors.len() >= 4 {
             r.last_errors.remove(0);
+            r.last_errors.push(kept_error_line(&l.line));
+        } else if room {
+            charged = true;
+            r.last_errors.push(kept_error_line(&l.line));
         }
-        r.last_errors.push(kept_error_line(&l.line));
+    }
+    if charged {
+        job.budget.bytes = job.budget.bytes.saturating_sub(ERROR_LINE_COST);
     }
 }
 
@@ -1548,6 +1914,104 @@ mod tests {
 
     fn at(s: f64) -> Timestamp {
         Timestamp(T0 + (s * 1e9) as i64)
+    }
+
+    #[test]
+    fn a_rank_number_a_client_sends_sizes_nothing() {
+        let mut c = Cluster::default();
+        let mut st = EngineStats::default();
+        let top = warden_model::wire::MAX_RANK - 1;
+        c.apply(
+            batch("n0", 1, 1.0, vec![coll(1, top, 1, 0.5, None)]),
+            at(1.0),
+            &mut st,
+        );
+        let j = &c.jobs["j"];
+        assert_eq!(j.ranks.len(), 1, "one slot for the one rank heard of");
+        assert!(j.ranks.get(top).is_some() && j.ranks.get(0).is_none());
+        assert_eq!(j.ranks.iter().map(|(r, _)| r).collect::<Vec<_>>(), [top]);
+    }
+
+    #[test]
+    fn ranks_are_iterated_in_rank_order_whatever_order_they_came_in() {
+        let mut c = Cluster::default();
+        let mut st = EngineStats::default();
+        let evs = [7, 2, 9, 0, 5].map(|r| coll(1, r, 1, 0.5, None)).to_vec();
+        c.apply(batch("n0", 1, 1.0, evs), at(1.0), &mut st);
+        let order: Vec<u32> = c.jobs["j"].ranks.iter().map(|(r, _)| r).collect();
+        assert_eq!(order, [0, 2, 5, 7, 9]);
+    }
+
+    #[test]
+    fn past_a_bound_new_records_are_refused_and_counted_and_held_ones_still_apply() {
+        let limits = Limits {
+            max_jobs: 2,
+            max_ranks: 4,
+            max_nodes: 2,
+            max_comms_per_job: 2,
+            max_comms_per_rank: 1,
+            max_codes_per_gpu: 1,
+            max_state_bytes: 1 << 30,
+        };
+        let mut c = Cluster::with_limits(limits);
+        let mut st = EngineStats::default();
+        let evs = (0..6).map(|r| coll(1, r, 1, 0.5, None)).collect();
+        c.apply(batch("n0", 1, 1.0, evs), at(1.0), &mut st);
+        assert_eq!(c.jobs["j"].ranks.len(), 4);
+        assert_eq!(st.refused.get("ranks"), Some(&2));
+        // A held rank still makes progress; a second communicator for it is refused.
+        let evs = vec![coll(1, 0, 1, 0.5, Some(0.6)), coll(2, 0, 1, 0.5, None)];
+        c.apply(batch("n0", 2, 2.0, evs), at(2.0), &mut st);
+        assert_eq!(c.jobs["j"].comms[0].members[0].last_completed_seq, 1);
+        assert_eq!(st.refused.get("comms"), Some(&1));
+        // Jobs and nodes past their bounds.
+        for (i, job) in ["k", "l"].iter().enumerate() {
+            let mut b = batch("n0", 3 + i as u64, 3.0, vec![]);
+            b.jobs[0].job = (*job).into();
+            b.jobs[0].processes.push(ProcessState {
+                rank: 0,
+                alive: true,
+                ..Default::default()
+            });
+            c.apply(b, at(3.0), &mut st);
+        }
+        assert_eq!(c.jobs.len(), 2);
+        assert_eq!(st.refused.get("jobs"), Some(&1));
+        c.apply(batch("n1", 1, 4.0, vec![]), at(4.0), &mut st);
+        c.apply(batch("n2", 1, 4.0, vec![]), at(4.0), &mut st);
+        assert_eq!(c.nodes.len(), 2);
+        assert!(st.refused.contains_key("nodes"));
+        // Forgetting gives the budget back.
+        c.forget_older_than(at(10_000.0), 60.0);
+        c.apply(
+            batch("n0", 9, 10_001.0, vec![coll(1, 5, 1, 0.5, None)]),
+            at(10_001.0),
+            &mut st,
+        );
+        assert!(c.jobs["j"].ranks.get(5).is_some());
+    }
+
+    #[test]
+    fn event_counts_a_client_sends_add_up_without_overflow() {
+        let mut c = Cluster::default();
+        let mut st = EngineStats::default();
+        let mut b = batch("n0", 1, 1.0, vec![]);
+        b.events = [79, 48]
+            .map(|code| NodeEvent {
+                id: u64::from(code),
+                at_ns: T0,
+                kind: NodeEventKind::Xid as i32,
+                severity: EventSeverity::Fatal as i32,
+                gpu_index: Some(1),
+                code: Some(code),
+                message: "Xid".into(),
+                count: u32::MAX,
+                ..Default::default()
+            })
+            .to_vec();
+        c.apply(b, at(1.0), &mut st);
+        let found = crate::detect::gpu::check(&Default::default(), &c, at(2.0));
+        assert_eq!(found.len(), 1);
     }
 
     #[test]

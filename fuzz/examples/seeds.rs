@@ -638,12 +638,27 @@ fn nccl(s: &Seeds) {
     );
 }
 
+/// Choice streams for the hostile-batch target: all zeros (small names and ranks), all
+/// ones (the top ranks and longest names), and a counting stream that mixes them.
+fn hostile(s: &Seeds) {
+    s.clear("hostile");
+    s.put("hostile", "zeros", &[0u8; 512]);
+    s.put("hostile", "ones", &[0xffu8; 512]);
+    let counting: Vec<u8> = (0..2048u32).map(|i| (i * 37 % 251) as u8).collect();
+    s.put("hostile", "counting", &counting);
+    let top: Vec<u8> = (0..1024u32)
+        .map(|i| if i % 3 == 0 { 1 } else { (i % 7) as u8 })
+        .collect();
+    s.put("hostile", "top-ranks", &top);
+}
+
 fn main() {
     let s = Seeds {
         root: Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus"),
     };
     let excerpts = corpus_excerpts();
     wire(&s);
+    hostile(&s);
     api(&s);
     kernel_lines(&s, &excerpts);
     cri(&s, &excerpts);

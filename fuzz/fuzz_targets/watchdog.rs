@@ -5,8 +5,9 @@
 //!
 //! Checked: nothing panics; the line reader numbers lines in order; the lagging ranks
 //! named are ascending, distinct and not empty, cite only lines that were read, and at
-//! most 16 of them; the diagnosis keeps to its evidence bound and cites only lines that
-//! were read, with a confidence between 0 and 1.
+//! most 16 of them; the explanation is short whatever the world size (up to
+//! `u32::MAX`, which must cost nothing); the diagnosis keeps to its evidence bound and
+//! cites only lines that were read, with a confidence between 0 and 1.
 #![no_main]
 
 use std::sync::OnceLock;
@@ -57,7 +58,12 @@ fuzz_target!(|input: &[u8]| {
             l.at_ms = Some(1_700_000_000_000 + l.id as i64);
         }
     }
-    let world_size = (knob & 8 != 0).then_some(u32::from(knob >> 4) + 1);
+    // 1..=14 ranks, or a client's absurd number: the largest believed, or u32::MAX.
+    let world_size = (knob & 8 != 0).then_some(match knob >> 4 {
+        14 => watchdog::MAX_WORLD_SIZE,
+        15 => u32::MAX,
+        n => u32::from(n) + 1,
+    });
 
     let mut scan = WatchdogScan::new();
     let mut opts = PipelineOptions {
@@ -83,6 +89,11 @@ fuzz_target!(|input: &[u8]| {
             lag.ranks
         );
         assert!(lag.evidence.len() <= 16);
+        assert!(
+            lag.explanation.len() <= 1024,
+            "explanation bounded: {} bytes",
+            lag.explanation.len()
+        );
         assert!(
             lag.evidence.iter().all(|&id| id < n),
             "evidence cites read lines"

@@ -7,10 +7,15 @@
 //! its own [`rustls::ClientConfig`]), a connect timeout, answers read up to a bound,
 //! and proxies taken from `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY` ([`Proxies`]).
 //! Retries wait as [`Backoff`] says.
+//!
+//! Every HTTP server of Warden (the controller's API, plain or TLS, and the agent's
+//! local API) is [`server::Server`]: HTTP/1.1 only, with a header timeout, an idle
+//! timeout and a connection cap with per-peer fairness.
 
 pub mod backoff;
 mod client;
 pub mod proxy;
+pub mod server;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;

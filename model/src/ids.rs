@@ -41,3 +41,83 @@ impl fmt::Display for GpuRef {
         write!(f, "{} gpu {}", self.node, self.index)
     }
 }
+
+/// Longest node name: a DNS-1123 subdomain.
+pub const MAX_NODE_NAME_LEN: usize = 253;
+
+/// Check a node name: a DNS-1123 subdomain (lowercase letters, digits, `-` and `.`, each
+/// dot-separated part 1 to 63 characters starting and ending with a letter or digit, at
+/// most 253 in all). This is what Kubernetes accepts as a node name, and a name that
+/// passes can go into a URL, a log line, a store row or a scheduler's command unchanged.
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    let ok_label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.is_empty() || name.len() > MAX_NODE_NAME_LEN || !name.split('.').all(ok_label) {
+        return Err(format!(
+            "invalid node name {:?}: a DNS-1123 name is lowercase letters, digits, '-' and \
+             '.', at most {MAX_NODE_NAME_LEN} characters, each part starting and ending with \
+             a letter or digit",
+            name.chars().take(80).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
+/// Check a name a client gives that is not a node name (a job, a communicator, an agent
+/// or boot id): 1 to `max` bytes with no control characters, so it can go into a log
+/// line or a store row as it is.
+pub fn check_label(what: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.is_empty() || value.len() > max {
+        return Err(format!("{what} must be 1 to {max} bytes"));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(format!(
+            "{what} {:?} holds control characters",
+            value.chars().take(80).collect::<String>()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_dns_1123_so_they_cannot_reach_a_url_or_a_log_line_raw() {
+        for ok in ["node-1", "a", "gpu-07.rack-3.example", &"a".repeat(63)] {
+            assert!(check_node_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "Node-1",
+            "-node",
+            "node-",
+            "a..b",
+            "node_1",
+            "node 1",
+            "nöde",
+            "127.0.0.1:18002/x?",
+            "node-1\nFORGED line",
+            "node\u{1b}[31m",
+            &"a".repeat(64),
+            &format!("{}.b", "a.".repeat(126)),
+        ] {
+            assert!(check_node_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn labels_hold_no_control_characters() {
+        assert!(check_label("job", "train-7b/run 3", 253).is_ok());
+        assert!(check_label("job", "", 253).is_err());
+        assert!(check_label("job", "a\nb", 253).is_err());
+        assert!(check_label("job", &"x".repeat(254), 253).is_err());
+    }
+}

@@ -560,9 +560,17 @@ pub fn frame_sealed(payload: &[u8], sent_at_ns: i64, out: &mut Vec<u8>) {
 
 /// Largest node or job name accepted.
 pub const MAX_NAME_LEN: usize = 253;
-/// Ranks at or above this are refused (the controller indexes ranks densely; the
-/// largest jobs today have a few hundred thousand ranks).
-pub const MAX_RANK: u32 = 1 << 22;
+/// Largest world size (and communicator size) accepted: four times the largest jobs run
+/// today (a few hundred thousand ranks).
+pub const MAX_WORLD_SIZE: u32 = 1 << 20;
+/// Ranks at or above this are refused: a rank is below its world size.
+pub const MAX_RANK: u32 = MAX_WORLD_SIZE;
+/// Jobs one batch may carry: one node runs a handful of jobs at once.
+pub const MAX_JOBS_PER_BATCH: usize = 64;
+/// GPU indices at or above this are refused (the largest nodes have 8 to 16 GPUs).
+pub const MAX_GPU_INDEX: u32 = 64;
+/// Longest agent id, boot id, communicator name or collector name accepted.
+pub const MAX_ID_LEN: usize = 128;
 
 impl Batch {
     /// Binary form: envelope + protobuf.
@@ -676,15 +684,78 @@ impl Batch {
         if self.node.is_empty() {
             return bad("field `node` is empty".into());
         }
-        if self.node.len() > MAX_NAME_LEN {
-            return bad(format!("field `node` is longer than {MAX_NAME_LEN} bytes"));
+        if let Err(e) = crate::ids::check_node_name(&self.node) {
+            return bad(format!("field `node`: {e}"));
+        }
+        for (what, v) in [("agent_id", &self.agent_id), ("boot_id", &self.boot_id)] {
+            if !v.is_empty()
+                && let Err(e) = crate::ids::check_label(what, v, MAX_ID_LEN)
+            {
+                return bad(format!("field `{what}`: {e}"));
+            }
         }
         if self.sent_at_ns <= 0 {
             return bad("field `sent_at_ns` must be a positive Unix time in ns".into());
         }
+        if let Some(hb) = &self.heartbeat {
+            if hb.collectors_down.len() > 64 {
+                return bad("heartbeat.collectors_down: more than 64 collectors".into());
+            }
+            for c in &hb.collectors_down {
+                if let Err(e) = crate::ids::check_label("collector", c, MAX_ID_LEN) {
+                    return bad(format!("heartbeat.collectors_down: {e}"));
+                }
+            }
+        }
+        for (k, e) in self.events.iter().enumerate() {
+            if let Some(g) = e.gpu_index.filter(|&g| g >= MAX_GPU_INDEX) {
+                return bad(format!(
+                    "events[{k}].gpu_index: {g} is not below {MAX_GPU_INDEX}"
+                ));
+            }
+        }
+        if self.jobs.len() > MAX_JOBS_PER_BATCH {
+            return bad(format!(
+                "{} jobs in one batch; at most {MAX_JOBS_PER_BATCH}",
+                self.jobs.len()
+            ));
+        }
         for (i, j) in self.jobs.iter().enumerate() {
-            if j.job.is_empty() || j.job.len() > MAX_NAME_LEN {
-                return bad(format!("jobs[{i}].job must be 1..={MAX_NAME_LEN} bytes"));
+            if let Err(e) = crate::ids::check_label("job", &j.job, MAX_NAME_LEN) {
+                return bad(format!("jobs[{i}].job: {e}"));
+            }
+            for (k, r) in j.ranks.iter().enumerate() {
+                if r.world_size > MAX_WORLD_SIZE {
+                    return bad(format!(
+                        "jobs[{i}].ranks[{k}].world_size: {} is above {MAX_WORLD_SIZE}",
+                        r.world_size
+                    ));
+                }
+                if r.world_size > 0 && r.rank >= r.world_size {
+                    return bad(format!(
+                        "jobs[{i}].ranks[{k}]: rank {} is not below its world size {}",
+                        r.rank, r.world_size
+                    ));
+                }
+                if let Some(g) = r.gpu_index.filter(|&g| g >= MAX_GPU_INDEX) {
+                    return bad(format!(
+                        "jobs[{i}].ranks[{k}].gpu_index: {g} is not below {MAX_GPU_INDEX}"
+                    ));
+                }
+            }
+            for (k, c) in j.comms.iter().enumerate() {
+                if c.size > MAX_WORLD_SIZE || (c.size > 0 && c.comm_rank >= c.size) {
+                    return bad(format!(
+                        "jobs[{i}].comms[{k}]: need size <= {MAX_WORLD_SIZE} and comm_rank \
+                         below it (size {}, comm_rank {})",
+                        c.size, c.comm_rank
+                    ));
+                }
+                if !c.name.is_empty()
+                    && let Err(e) = crate::ids::check_label("name", &c.name, MAX_ID_LEN)
+                {
+                    return bad(format!("jobs[{i}].comms[{k}].{e}"));
+                }
             }
             let ranks = [
                 ("ranks", j.ranks.iter().map(|r| r.rank).max()),
@@ -909,5 +980,53 @@ mod tests {
                 .to_string()
                 .contains("`node`")
         );
+    }
+
+    #[test]
+    fn a_client_sent_size_is_bounded_before_anything_is_sized_by_it() {
+        let refused = |b: &Batch, want: &str| {
+            let err = Batch::decode_binary(&b.encode_binary()).expect_err("refused");
+            assert!(err.to_string().contains(want), "{err}");
+            let err = Batch::decode_json(&b.encode_json()).expect_err("refused");
+            assert!(err.to_string().contains(want), "{err}");
+        };
+        let mut b = sample();
+        b.jobs[0].ranks[0].world_size = u32::MAX;
+        refused(&b, "world_size: 4294967295 is above");
+        let mut b = sample();
+        b.jobs[0].ranks[0].rank = 4_194_303;
+        b.jobs[0].ranks[0].world_size = 0;
+        refused(&b, "rank 4194303 is not below");
+        let mut b = sample();
+        b.jobs[0].ranks[0].rank = 9;
+        refused(&b, "rank 9 is not below its world size 8");
+        let mut b = sample();
+        b.jobs[0].comms[0].size = u32::MAX;
+        refused(&b, "comms[0]");
+        let mut b = sample();
+        b.jobs = (0..=MAX_JOBS_PER_BATCH)
+            .map(|i| JobSignals {
+                job: format!("j{i}"),
+                ..JobSignals::default()
+            })
+            .collect();
+        refused(&b, "65 jobs in one batch");
+        let mut b = sample();
+        b.jobs[0].ranks[0].gpu_index = Some(1 << 30);
+        refused(&b, "gpu_index");
+    }
+
+    #[test]
+    fn a_node_name_that_could_reach_a_url_or_forge_a_log_line_is_refused() {
+        for name in ["127.0.0.1:18002/x?", "node-1\nFORGED", "Node-1", "node_1"] {
+            let mut b = sample();
+            b.node = name.into();
+            let err = Batch::decode_binary(&b.encode_binary()).expect_err("refused");
+            assert!(err.to_string().contains("DNS-1123"), "{name:?}: {err}");
+        }
+        let mut b = sample();
+        b.jobs[0].job = "job\nFORGED".into();
+        let err = Batch::decode_binary(&b.encode_binary()).expect_err("refused");
+        assert!(err.to_string().contains("control characters"), "{err}");
     }
 }

@@ -391,7 +391,11 @@ fn round_ms(x: f64) -> f64 {
 /// Run `scenario` to its end against a fresh engine, timing it on the wall clock.
 pub fn run(scenario: &Scenario, options: RunOptions) -> Report {
     let wall = Instant::now();
-    let mut engine = Engine::new(EngineConfig::default(), SIM_EPOCH);
+    // The simulated fleet is trusted: the engine holds all of it, however large.
+    let mut config = EngineConfig::default();
+    config.limits.max_ranks = config.limits.max_ranks.max(2 * scenario.ranks() as usize);
+    config.limits.max_state_bytes = usize::MAX;
+    let mut engine = Engine::new(config, SIM_EPOCH);
     let mut sim = Simulation::new(scenario, options);
     sim.run_to_end(&mut engine);
     let incidents = engine.incident_views(None, None, None);

@@ -547,6 +547,90 @@ impl Remediator {
         Ok(())
     }
 
+    /// Finish an isolation a previous run recorded as intended and did not finish (it
+    /// was killed between recording and acting, or while the actuator ran). Isolation
+    /// is idempotent, so it is applied again, as the rule that called for it asked
+    /// (cordon or drain; cordon when the rule is gone). Where it cannot be finished,
+    /// the node table holds the node as `isolation_interrupted` and the incident's
+    /// timeline says so (which alerts carry). Returns the action's result and the
+    /// incident's change.
+    pub async fn finish_isolation(
+        &self,
+        a: &ActionRecord,
+        now: Timestamp,
+    ) -> Result<(String, Option<IncidentChange>), StoreError> {
+        if a.dry_run {
+            return Ok((
+                "dry run: interrupted before it finished; nothing to finish".to_owned(),
+                None,
+            ));
+        }
+        let node = a.target.clone();
+        let rule = a.reason.split_once(": ").map_or("", |(r, _)| r);
+        let evict = self
+            .policy
+            .rules
+            .iter()
+            .find(|r| r.name == rule)
+            .is_some_and(|r| {
+                r.then
+                    .iter()
+                    .any(|&x| x == ActionName::Drain || x == ActionName::IsolateGroup)
+            });
+        let verb = if evict { "drain" } else { "cordon" };
+        let req = Isolation {
+            node: node.clone(),
+            incident: a.incident.clone(),
+            reason: a.reason.clone(),
+            by: POLICY_ACTOR.to_owned(),
+            at: a.intended_at,
+            evict,
+        };
+        let held = |state: &str, reason: String| NodeRecord {
+            name: node.clone(),
+            state: state.into(),
+            owner: POLICY_ACTOR.into(),
+            reason,
+            incident: a.incident.clone(),
+            since: a.intended_at,
+            action: None,
+        };
+        let (result, finished) = match self.actuator.isolate(&req).await {
+            Ok(Outcome::Applied | Outcome::AlreadyDone) => {
+                self.store
+                    .put_node(&held("drained", a.reason.clone()))
+                    .await?;
+                (
+                    format!("{verb} {node}: done after an interruption (finished on recovery)"),
+                    true,
+                )
+            }
+            Ok(Outcome::NotOurs { owner }) => (
+                format!("{verb} {node}: left alone, held by {owner} (finished on recovery)"),
+                true,
+            ),
+            Err(e) => {
+                let why =
+                    format!("isolation interrupted: {verb} {node} could not be finished: {e}");
+                self.store
+                    .put_node(&held("isolation_interrupted", why.clone()))
+                    .await?;
+                (why, false)
+            }
+        };
+        let change = a.incident.as_deref().and_then(|id| {
+            self.engine
+                .lock()
+                .remediation_note(id, &result, finished, now)
+        });
+        if finished {
+            tracing::info!(node = %node, action = %a.id, "an interrupted isolation was finished");
+        } else {
+            tracing::error!(node = %node, action = %a.id, result = %result, "an interrupted isolation could not be finished");
+        }
+        Ok((result, change))
+    }
+
     /// Whether the rails let a person drain a node now: not while the breaker is
     /// tripped, nor past the breaker's cap or the rate limit. `Err` says why not.
     pub async fn check_manual(&self, node: &str, now: Timestamp) -> Result<(), String> {
@@ -1202,6 +1286,7 @@ impl Remediator {
                         now,
                     );
                     self.save_and_intend(s, &record, now).await?;
+                    crate::operate::failpoint("isolate-intended").await;
                     let req = Isolation {
                         node: node.clone(),
                         incident: Some(inc.id.clone()),
@@ -1237,6 +1322,7 @@ impl Remediator {
                             Err(e) => format!("{} {node} failed: {e}", action.as_str()),
                         }
                     };
+                    crate::operate::failpoint("isolate-applied").await;
                     self.done(&record, &result, now).await?;
                     out.actions += 1;
                     isolated.push(node);

@@ -484,21 +484,12 @@ fn sanitize(text: &str) -> String {
     kept.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// A Slurm node name: letters, digits, `-`, `_` and `.`, no host list expression.
+/// A node name as ingest accepts it (DNS-1123), so no host list expression.
 fn check_node_name(name: &str) -> Result<(), ActuatorError> {
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ActuatorError::Failed {
-            what: "check node name".to_owned(),
-            why: format!("not a Slurm node name: {:?}", bounded(name)),
-        })
-    }
+    warden_model::ids::check_node_name(name).map_err(|why| ActuatorError::Failed {
+        what: "check node name".to_owned(),
+        why,
+    })
 }
 
 /// A Slurm job id: digits, optionally `_` and an array task's digits.
@@ -651,7 +642,7 @@ mod tests {
         ] {
             assert!(check_job_id(bad).is_err(), "{bad}");
         }
-        assert!(check_node_name("gpu-node.rack_1").is_ok());
+        assert!(check_node_name("gpu-node.rack-1").is_ok());
         for bad in ["", "n[1-2]", "n1,n2", "n1 State=DOWN", "n1\n"] {
             assert!(check_node_name(bad).is_err(), "{bad}");
         }

@@ -166,3 +166,21 @@ pub fn gpu_fault_incident(id: &str, ranks: Vec<u32>) -> warden_model::Incident {
         diagnosis: None,
     }
 }
+
+/// A controller configuration with remediation on, acting through the script actuator
+/// `script`, with rails wide enough for a hundred isolations, written into `dir`.
+pub fn script_remediation_config(dir: &Path, script: &Path) -> PathBuf {
+    let config = dir.join("controller.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "diagnosis:\n  enabled: false\n\
+             remediation:\n  dry_run: false\n  actuator: script\n  script:\n    program: {}\n  \
+             breaker:\n    max_nodes: 1000\n    max_percent: 100\n    window: 1h\n  \
+             max_actions_per_hour: 1000\n  diagnosis_wait: 1s\n",
+            script.display()
+        ),
+    )
+    .expect("write config");
+    config
+}

@@ -50,20 +50,19 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let exits: Vec<(u32, &crate::state::ExitRecord)> = job
         .ranks
         .iter()
-        .enumerate()
         .filter_map(|(i, r)| {
             r.exit
                 .as_ref()
                 .filter(|e| e.abnormal())
                 // The run Warden asked to restart being torn down.
                 .filter(|e| job.restart_requested_at.is_none_or(|t| e.received_at < t))
-                .map(|e| (i as u32, e))
+                .map(|e| (i, e))
         })
         .collect();
     let Some(first_received) = exits.iter().map(|(_, e)| e.received_at).min() else {
         return vec![];
     };
-    let victim = |r: u32| job.ranks[r as usize].timed_out.is_some();
+    let victim = |r: u32| job.ranks[r].timed_out.is_some();
     if exits.iter().any(|(r, _)| victim(*r))
         && exits.iter().all(|(r, e)| victim(*r) || e.torn_down())
         && now.secs_since(first_received) < cfg.victims_secs
@@ -102,7 +101,7 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         (1, _) => 0.85,
         (n, _) => (0.8 / n as f64).max(0.3),
     };
-    let lead = &job.ranks[culprits[0] as usize];
+    let lead = &job.ranks[culprits[0]];
     let from_log = lead.exit.as_ref().is_some_and(|e| e.from_log);
     let confidence = if from_log {
         confidence * 0.85

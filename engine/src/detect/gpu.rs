@@ -84,13 +84,13 @@ fn finding(cluster: &Cluster, t: &GpuTrouble) -> Finding {
     names.sort();
     for name in names {
         let js = &cluster.jobs[name];
-        for (i, r) in js.ranks.iter().enumerate() {
+        for (i, r) in js.ranks.iter() {
             if r.node == t.node && (t.gpu.is_none() || r.gpu == t.gpu) {
                 if job.is_none() {
                     job = Some(name.clone());
                 }
                 if job.as_ref() == Some(name) {
-                    ranks.push(i as u32);
+                    ranks.push(i);
                 }
             }
         }
@@ -121,7 +121,10 @@ fn finding(cluster: &Cluster, t: &GpuTrouble) -> Finding {
         (Some(j), n) if n > 1 => format!("; {n} ranks of {j} run there"),
         _ => String::new(),
     };
-    let total: u32 = t.codes.iter().map(|(_, _, n)| *n).sum();
+    let total: u32 = t
+        .codes
+        .iter()
+        .fold(0u32, |sum, (_, _, n)| sum.saturating_add(*n));
     let mut evidence = vec![Evidence {
         at: t.first_at,
         text: format!("{node} kernel log: {}", t.message),

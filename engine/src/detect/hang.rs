@@ -146,7 +146,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         if seq <= c.max_completed_seq {
             continue;
         }
-        let alive = |r: u32| job.ranks.get(r as usize).is_some_and(|x| x.alive());
+        let alive = |r: u32| job.ranks.get(r).is_some_and(|x| x.alive());
         let mut waiting = 0;
         let mut oldest = Timestamp::MAX;
         let mut still_reported = Timestamp::ZERO;
@@ -200,7 +200,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             &mut missing.iter().copied()
         };
         let known_until = laggards
-            .filter_map(|r| job.ranks.get(r as usize))
+            .filter_map(|r| job.ranks.get(r))
             .map(|r| w.cluster.cut_of(r.node))
             .min()
             .unwrap_or(now)
@@ -244,8 +244,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let blocked = job
         .ranks
         .iter()
-        .enumerate()
-        .filter(|(i, r)| r.alive() && job.blocked_in(*i as u32).is_some())
+        .filter(|(i, r)| r.alive() && job.blocked_in(*i).is_some())
         .count();
 
     if culprits.is_empty() && stalls.iter().any(|s| !s.missing.is_empty()) {
@@ -267,7 +266,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         let mut stopped: Vec<(u32, Timestamp)> = ranks
             .iter()
             .filter_map(|&r| {
-                let rank = job.ranks.get(r as usize)?;
+                let rank = job.ranks.get(r)?;
                 rank.stopped_since.filter(|_| rank.alive()).map(|t| (r, t))
             })
             .collect();
@@ -320,7 +319,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let onset = culprits
         .iter()
         .filter_map(|&r| {
-            let rank = job.ranks.get(r as usize)?;
+            let rank = job.ranks.get(r)?;
             rank.comms
                 .iter()
                 .map(|&(ci, s)| job.comms[ci as usize].members[s as usize].last_completed_at)
@@ -341,7 +340,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     );
     let mut evidence = Vec::new();
     for &r in culprits.iter().take(4) {
-        let rank = &job.ranks[r as usize];
+        let rank = &job.ranks[r];
         let last = rank
             .comms
             .iter()
@@ -449,7 +448,7 @@ fn partial(w: Window<'_>, stalls: &[Stall<'_>]) -> Option<Verdict> {
     }
     let (seq, ci) = inside?;
     let c = &job.comms[ci as usize];
-    let alive = |r: u32| job.ranks.get(r as usize).is_some_and(|x| x.alive());
+    let alive = |r: u32| job.ranks.get(r).is_some_and(|x| x.alive());
     let stuck: Vec<&crate::state::Member> = c
         .members
         .iter()
@@ -468,7 +467,7 @@ fn partial(w: Window<'_>, stalls: &[Stall<'_>]) -> Option<Verdict> {
     let op = CollOp::from_wire(c.op_of(seq)).as_str();
     let mut stopped: Vec<(u32, Timestamp)> = stuck
         .iter()
-        .filter_map(|m| Some((m.rank, job.ranks.get(m.rank as usize)?.stopped_since?)))
+        .filter_map(|m| Some((m.rank, job.ranks.get(m.rank)?.stopped_since?)))
         .collect();
     stopped.sort_unstable();
     if !stopped.is_empty() {

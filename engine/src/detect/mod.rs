@@ -42,7 +42,7 @@ pub struct Window<'a> {
 impl Window<'_> {
     /// Node name of a rank.
     pub fn node_of(&self, rank: u32) -> Option<&str> {
-        let r = self.job.ranks.get(rank as usize)?;
+        let r = self.job.ranks.get(rank)?;
         (r.node != crate::state::NO_NODE).then(|| self.cluster.node_name(r.node))
     }
 
@@ -53,7 +53,7 @@ impl Window<'_> {
         for &r in ranks {
             if let Some(n) = self.node_of(r) {
                 nodes.push(n.to_owned());
-                if let Some(g) = self.job.ranks[r as usize].gpu {
+                if let Some(g) = self.job.ranks[r].gpu {
                     gpus.push(warden_model::GpuRef {
                         node: n.to_owned(),
                         index: g,
@@ -77,7 +77,7 @@ impl Window<'_> {
     pub fn describe_rank(&self, rank: u32) -> String {
         match (
             self.node_of(rank),
-            self.job.ranks.get(rank as usize).and_then(|r| r.gpu),
+            self.job.ranks.get(rank).and_then(|r| r.gpu),
         ) {
             (Some(n), Some(g)) => format!("rank {rank} ({n} gpu {g})"),
             (Some(n), None) => format!("rank {rank} ({n})"),

@@ -34,8 +34,7 @@ pub fn check(cfg: &NanConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let reports: Vec<(u32, crate::state::NonFinite)> = job
         .ranks
         .iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.nonfinite.map(|n| (i as u32, n)))
+        .filter_map(|(i, r)| r.nonfinite.map(|n| (i, n)))
         .collect();
     let Some(first_received) = reports.iter().map(|(_, n)| n.received_at).min() else {
         return vec![];
@@ -47,7 +46,7 @@ pub fn check(cfg: &NanConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     // step later may be the one whose loss went first), or after the grace period.
     let complete = job
         .ranks
-        .iter()
+        .values()
         .filter(|r| r.alive())
         .all(|r| r.step.is_none_or(|s| s >= key.0));
     let first_seen = reports.iter().map(|(_, n)| n.at).min().unwrap_or(now);

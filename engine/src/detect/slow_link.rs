@@ -41,7 +41,7 @@ pub fn check(cfg: &SlowLinkConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict
         let mut nodes = c
             .members
             .iter()
-            .filter_map(|m| job.ranks.get(m.rank as usize).map(|r| r.node))
+            .filter_map(|m| job.ranks.get(m.rank).map(|r| r.node))
             .filter(|&n| n != NO_NODE);
         let Some(first) = nodes.next() else { continue };
         if nodes.all(|n| n == first) {
@@ -49,7 +49,7 @@ pub fn check(cfg: &SlowLinkConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict
         }
         let class = classes.entry((c.op, c.members.len(), c.bytes)).or_default();
         for m in &c.members {
-            let Some(rank) = job.ranks.get(m.rank as usize) else {
+            let Some(rank) = job.ranks.get(m.rank) else {
                 continue;
             };
             if !rank.alive() || rank.node == NO_NODE || m.xfer.len() < cfg.min_samples {
@@ -73,7 +73,7 @@ pub fn check(cfg: &SlowLinkConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict
         }
         for &(r, x) in members {
             per_node
-                .entry(job.ranks[r as usize].node)
+                .entry(job.ranks[r].node)
                 .or_default()
                 .push(x / base);
         }
@@ -102,9 +102,8 @@ pub fn check(cfg: &SlowLinkConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict
             let ranks: Vec<u32> = job
                 .ranks
                 .iter()
-                .enumerate()
                 .filter(|(_, r)| r.node == node)
-                .map(|(i, _)| i as u32)
+                .map(|(i, _)| i)
                 .collect();
             let comms = comms_of_node.get(&node).copied().unwrap_or(0);
             let iteration = job.iteration_secs().unwrap_or(0.0);

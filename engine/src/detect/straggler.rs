@@ -99,7 +99,7 @@ fn typical_compute(w: Window<'_>) -> Option<f64> {
     let mut v: Vec<f64> = w
         .job
         .ranks
-        .iter()
+        .values()
         .filter(|r| r.alive())
         .filter_map(|r| rank_compute_median(r, 16))
         .collect();
@@ -129,9 +129,8 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
     let per_rank: Vec<(u32, Vec<f64>)> = job
         .ranks
         .iter()
-        .enumerate()
         .filter(|(_, r)| r.alive() && r.node != NO_NODE)
-        .filter_map(|(i, r)| recent_compute(r, window, cap).map(|v| (i as u32, v)))
+        .filter_map(|(i, r)| recent_compute(r, window, cap).map(|v| (i, v)))
         .collect();
     if per_rank.len() < 4 {
         return None;
@@ -151,7 +150,7 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
     let mut by_node: std::collections::BTreeMap<u32, (Vec<u32>, Vec<f64>)> = Default::default();
     for (r, m, v) in per_rank {
         ratios.push((r, m / base));
-        let e = by_node.entry(job.ranks[r as usize].node).or_default();
+        let e = by_node.entry(job.ranks[r].node).or_default();
         e.0.push(r);
         e.1.extend(v.iter().map(|x| x / base));
         all.extend(v.iter().map(|x| x / base));
@@ -214,7 +213,7 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
         let sigma = robust_sigma(&ratios.iter().map(|r| r.1).collect::<Vec<_>>());
         let threshold = cfg.rank_min_ratio.max(1.0 + 1.5 * cfg.sigmas * sigma);
         for (r, x) in ratios {
-            let node = w.job.ranks[r as usize].node;
+            let node = w.job.ranks[r].node;
             if x >= threshold && !flagged.iter().any(|f| f.0 == node) {
                 flagged.push((node, x, base, vec![r], cfg.slow_window));
             }
@@ -233,7 +232,7 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
                 ),
                 _ => (ratio, String::new()),
             };
-            let total = w.job.ranks.iter().filter(|r| r.node == node && r.alive()).count();
+            let total = w.job.ranks.values().filter(|r| r.node == node && r.alive()).count();
             let scope = if ranks.len() == 1 && total > 1 {
                 format!("rank {} on {name}", ranks[0])
             } else {
@@ -273,7 +272,7 @@ fn onset_of(w: Window<'_>, ranks: &[u32], level: f64) -> Option<Timestamp> {
         .iter()
         .filter_map(|&r| {
             let mut start = None;
-            for s in w.job.ranks[r as usize].compute.recent(usize::MAX) {
+            for s in w.job.ranks[r].compute.recent(usize::MAX) {
                 if f64::from(s.secs) >= level {
                     start = Some(s.at);
                 } else {

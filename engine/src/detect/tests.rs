@@ -184,7 +184,7 @@ impl Job {
     fn compute(&mut self, r: u32, samples: &[f64]) {
         let job = self.cluster.jobs.get_mut("j").expect("job exists");
         for (i, &s) in samples.iter().enumerate() {
-            job.ranks[r as usize].compute.push(ComputeSample {
+            job.ranks[r].compute.push(ComputeSample {
                 secs: s as f32,
                 period: 1.2,
                 at: at(i as f64),

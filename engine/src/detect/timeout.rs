@@ -48,8 +48,7 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
     let timed: Vec<(u32, crate::state::TimedOut)> = job
         .ranks
         .iter()
-        .enumerate()
-        .filter_map(|(i, r)| r.timed_out.map(|t| (i as u32, t)))
+        .filter_map(|(i, r)| r.timed_out.map(|t| (i, t)))
         .collect();
     let Some(first_received) = timed.iter().map(|(_, t)| t.received_at).min() else {
         return vec![];
@@ -60,9 +59,8 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
     let heard: Vec<u32> = job
         .ranks
         .iter()
-        .enumerate()
         .filter(|(_, r)| r.known)
-        .map(|(i, _)| i as u32)
+        .map(|(i, _)| i)
         .collect();
     // A rank that logged that a peer went away was waiting too: its partner gave up
     // first and closed the connection.
@@ -70,12 +68,12 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
         .iter()
         .copied()
         .filter(|&i| {
-            let r = &job.ranks[i as usize];
+            let r = &job.ranks[i];
             r.timed_out.is_none() && !r.peer_symptom
         })
         .collect();
     let died = silent.iter().any(|&i| {
-        job.ranks[i as usize]
+        job.ranks[i]
             .exit
             .as_ref()
             .is_some_and(|e| e.abnormal() && !e.torn_down())
@@ -119,7 +117,7 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
         .collect();
     // The silent ranks all on one node: the node is named, not a rank.
     let one_node = {
-        let mut nodes: Vec<u32> = silent.iter().map(|&i| job.ranks[i as usize].node).collect();
+        let mut nodes: Vec<u32> = silent.iter().map(|&i| job.ranks[i].node).collect();
         nodes.sort_unstable();
         nodes.dedup();
         nodes.len() == 1 && nodes[0] != crate::state::NO_NODE
