@@ -15,9 +15,15 @@
 //!   reported in flight whose own completion was not seen (the ring moved past it) is
 //!   settled after the later completion that covers it (NCCL runs a communicator's
 //!   operations in order), so the controller takes it as already known.
-//! - Point-to-point operations are not reported: their sequence numbers differ between
-//!   ranks, so they cannot share a communicator's collective sequence. They stay in the
-//!   segment.
+//! - Point-to-point operations go on a communicator of their own per pair and
+//!   direction, `nccl:<comm hash>:p2p:<src>><dst>` in communicator ranks, of two members
+//!   (the sender is 0), as `warden_torch` reports them: the plugin numbers each rank's
+//!   operations per peer and direction, so the sender's n-th send and the receiver's
+//!   n-th receive share sequence number n. They complete as collectives do (child
+//!   events, or the last enqueue where the segment shows none), and an operation
+//!   without child events of its own (a transfer inside the node) is complete once an
+//!   operation of the same communicator started after it has completed: NCCL runs a
+//!   communicator's operations in order on one stream.
 //! - Exits: a process whose segments are still live (not finalized) and whose pid is
 //!   gone from `/proc`, a zombie, or taken by another process (start time differs) has
 //!   exited; it is reported once, with its wait status when the kernel still has it,
@@ -28,6 +34,10 @@
 //!   is from the agent's namespace; when it is not, liveness is not judged at all.
 //!   Only processes seen alive by this agent are reported, so segments left by
 //!   processes that died before the agent started do not raise old exits.
+//!   Between polls the reader waits on a pidfd of each live process it can judge, so
+//!   an exit wakes it at once and is stamped with that moment: the first death of a
+//!   job and the deaths it causes milliseconds later land in different reads, in
+//!   order (without pidfds, as under an older kernel, the poll interval decides).
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -75,6 +85,8 @@ pub struct SegmentTracker {
     own_pid_ns: Option<u64>,
     segments: HashMap<PathBuf, Seen>,
     processes: HashMap<(u32, u64), Process>,
+    /// Watch live processes with pidfds (their pids are real: `/proc` is the host's).
+    watch_exits: bool,
 }
 
 /// One segment file.
@@ -87,7 +99,25 @@ struct Seen {
     completed: u64,
     /// Reported in flight and not yet completed.
     in_flight: Option<CollectiveEvent>,
+    /// Point-to-point operations.
+    p2p: P2pSeen,
 }
+
+/// Point-to-point operations of one segment, by the plugin's p2p sequence number
+/// (every p2p operation of the communicator, whatever its peer).
+#[derive(Debug, Default)]
+struct P2pSeen {
+    started: u64,
+    completed: u64,
+    /// Reported in flight and not yet completed: plugin sequence, start time, record.
+    in_flight: Vec<(u64, i64, CollectiveEvent)>,
+    /// Pair communicators already registered.
+    pairs: HashSet<u64>,
+}
+
+/// Most point-to-point operations of one segment held in flight; older ones are
+/// forgotten (the controller still holds them).
+const MAX_P2P_IN_FLIGHT: usize = 256;
 
 /// One training process (pid and start time), over all its segments.
 #[derive(Debug)]
@@ -100,6 +130,10 @@ struct Process {
     exited: bool,
     /// Stopped (SIGSTOP, a debugger) at the last look.
     stopped: bool,
+    /// A pidfd of the process while it is watched (alive, in our pid namespace).
+    pidfd: Option<std::os::fd::OwnedFd>,
+    /// When its pidfd said it exited (agent clock, ns).
+    exited_at_ns: Option<i64>,
 }
 
 impl SegmentTracker {
@@ -118,6 +152,7 @@ impl SegmentTracker {
             own_pid_ns,
             segments: HashMap::new(),
             processes: HashMap::new(),
+            watch_exits: false,
         }
     }
 
@@ -130,6 +165,91 @@ impl SegmentTracker {
     fn same_pid_namespace(&self, ns: u64) -> bool {
         ns == 0 || self.own_pid_ns.is_none_or(|own| own == ns)
     }
+
+    /// Wait up to `limit` for a watched process to exit; true when one did (its exit
+    /// time is kept for the next poll). Without watched processes, or where pidfds do
+    /// not work, it only sleeps (through `stop`, which may end the wait early: false
+    /// then).
+    pub fn wait_for_exit(
+        &mut self,
+        limit: Duration,
+        stop: &crate::runtime::StopFlag,
+        now_ns: impl Fn() -> i64,
+    ) -> bool {
+        use rustix::event::{PollFd, PollFlags, Timespec, poll};
+        const SLICE: Duration = Duration::from_millis(100);
+        let started = std::time::Instant::now();
+        loop {
+            let left = limit.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return true;
+            }
+            let watched: Vec<(u32, u64)> = self
+                .processes
+                .iter()
+                .filter(|(_, p)| p.pidfd.is_some() && p.exited_at_ns.is_none())
+                .map(|(k, _)| *k)
+                .collect();
+            if watched.is_empty() {
+                return stop.wait(left);
+            }
+            if stop.is_raised() {
+                return false;
+            }
+            let ready: Vec<(u32, u64)> = {
+                let mut fds: Vec<PollFd<'_>> = watched
+                    .iter()
+                    .filter_map(|k| self.processes.get(k)?.pidfd.as_ref())
+                    .map(|fd| PollFd::new(fd, PollFlags::IN))
+                    .collect();
+                let wait = left.min(SLICE);
+                let timeout = Timespec {
+                    tv_sec: 0,
+                    tv_nsec: i64::from(wait.subsec_nanos()),
+                };
+                match poll(&mut fds, Some(&timeout)) {
+                    Ok(0) => Vec::new(),
+                    Ok(_) => watched
+                        .iter()
+                        .zip(fds.iter())
+                        .filter(|(_, fd)| !fd.revents().is_empty())
+                        .map(|(k, _)| *k)
+                        .collect(),
+                    Err(rustix::io::Errno::INTR) => Vec::new(),
+                    Err(_) => {
+                        // pidfds do not work here: the poll interval decides.
+                        for p in self.processes.values_mut() {
+                            p.pidfd = None;
+                        }
+                        return stop.wait(left);
+                    }
+                }
+            };
+            if !ready.is_empty() {
+                let at = now_ns();
+                for k in ready {
+                    if let Some(p) = self.processes.get_mut(&k) {
+                        p.exited_at_ns = Some(at);
+                        p.pidfd = None;
+                    }
+                }
+                return !stop.is_raised();
+            }
+        }
+    }
+}
+
+/// A pidfd of `pid`, which must still be the process that started at `ticks` (checked
+/// after opening, so a pid reused in between is not watched); `None` where pidfds are
+/// not available.
+fn watch(proc_root: &Path, pid: u32, ticks: u64) -> Option<std::os::fd::OwnedFd> {
+    let raw = i32::try_from(pid).ok()?;
+    let fd = rustix::process::pidfd_open(
+        rustix::process::Pid::from_raw(raw)?,
+        rustix::process::PidfdFlags::empty(),
+    )
+    .ok()?;
+    (ticks == 0 || start_ticks(proc_root, pid) == Some(ticks)).then_some(fd)
 }
 
 /// Start the segment reader when the capture is enabled: every [`POLL_EVERY`] it reads
@@ -145,6 +265,7 @@ pub fn start(
     }
     let (dir, shared, progress) = (cfg.shm_dir.clone(), shared.clone(), progress.clone());
     let mut tracker = SegmentTracker::new(cfg.proc_root.clone());
+    tracker.watch_exits = cfg.proc_root == Path::new("/proc");
     crate::collectors::spawn("nccl", move || {
         let mut up = None;
         loop {
@@ -161,7 +282,7 @@ pub fn start(
                 shared.set_up("nccl", ok);
                 up = Some(ok);
             }
-            if !shared.sleep(POLL_EVERY) {
+            if !tracker.wait_for_exit(POLL_EVERY, &shared.stop, crate::ship::wall_ns) {
                 return;
             }
         }
@@ -247,6 +368,7 @@ pub fn poll_segments(
             started: 0,
             completed: 0,
             in_flight: None,
+            p2p: P2pSeen::default(),
         };
         let seen = tracker.segments.entry(path).or_insert_with(fresh);
         if seen.identity != identity {
@@ -254,6 +376,7 @@ pub fn poll_segments(
         }
         register(&snap, rank, progress);
         stats.collectives += report_collectives(seen, &snap, rank, progress);
+        stats.collectives += report_p2p(&mut seen.p2p, &snap, rank, progress);
     }
     tracker.segments.retain(|p, _| present.contains(p));
     // Processes whose segments are all gone or finalized are done with NCCL.
@@ -288,17 +411,30 @@ fn look_at(
     } else {
         Liveness::Alive
     };
+    let watch_exits = tracker.watch_exits && judge;
+    let proc_root = tracker.proc_root.clone();
     let p = tracker.processes.entry(key).or_insert_with(|| Process {
         job: snap.job.clone(),
         rank,
         alive_at_ns: 0,
         exited: false,
         stopped: false,
+        pidfd: None,
+        exited_at_ns: None,
     });
     if p.exited {
         return (false, false);
     }
+    // A pidfd that fired is the exit, whatever /proc still shows (a zombie not yet
+    // reaped reads as gone too).
+    let state = match (p.exited_at_ns, state) {
+        (Some(_), Liveness::Alive | Liveness::Stopped) => Liveness::Gone,
+        (_, state) => state,
+    };
     if matches!(state, Liveness::Alive | Liveness::Stopped) {
+        if watch_exits && p.pidfd.is_none() && p.exited_at_ns.is_none() {
+            p.pidfd = watch(&proc_root, pid, ticks);
+        }
         // A stopped process is alive: it makes no progress, which is what a hang is.
         p.alive_at_ns = now_ns;
         let seen = LiveProcess {
@@ -316,8 +452,12 @@ fn look_at(
         // alive (an old file): not news.
         return (false, false);
     }
-    // It died between the last look and this one: halfway is the best guess.
-    let at_ns = p.alive_at_ns + (now_ns - p.alive_at_ns) / 2;
+    p.pidfd = None;
+    // Its pidfd said when; else it died between the last look and this one: halfway
+    // is the best guess.
+    let at_ns = p
+        .exited_at_ns
+        .unwrap_or(p.alive_at_ns + (now_ns - p.alive_at_ns) / 2);
     let (exit_code, signal) = state.exit_status();
     tracing::warn!(job = %p.job, rank = p.rank, pid, ?exit_code, ?signal, "nccl: training process died with live NCCL segments");
     // Fields added to the wire record later (a stop flag is on its way) keep defaults.
@@ -337,6 +477,10 @@ fn look_at(
     (false, true)
 }
 
+/// Register the rank, and the communicator once it has carried a collective: one
+/// that only carries point-to-point operations (torch makes one per pair of ranks)
+/// has nothing on its own sequence, and a member that never completes anything there
+/// would look like a rank that never arrives.
 fn register(snap: &Snapshot, rank: u32, progress: &Progress) {
     progress.rank(
         &snap.job,
@@ -348,6 +492,9 @@ fn register(snap: &Snapshot, rank: u32, progress: &Progress) {
             gpu_uuid: String::new(),
         },
     );
+    if snap.counters.coll_started == 0 {
+        return;
+    }
     progress.comm(
         &snap.job,
         CommInfo {
@@ -378,29 +525,33 @@ fn wire(snap: &Snapshot, rank: u32, e: &Event, end_ns: i64) -> CollectiveEvent {
     }
 }
 
-/// Report the collectives of one segment that are new since the last poll; returns how
-/// many records went to `progress`.
-fn report_collectives(seen: &mut Seen, snap: &Snapshot, rank: u32, progress: &Progress) -> usize {
-    let job = &snap.job;
-    let mut sent = 0;
-    // Completions since the last poll, oldest first, with their end time.
+/// Operations of `kind` (collectives or p2p, each with its own sequence) completed
+/// after sequence number `after`, oldest first, each once with its end time: where the
+/// segment shows child events, the completed records of the ring and the last completed
+/// record; where it shows none, the last enqueued one stands in.
+fn completions_after(snap: &Snapshot, kind: Kind, after: u64) -> Vec<(Event, i64)> {
+    let progress = if kind == Kind::P2p {
+        &snap.p2p
+    } else {
+        &snap.coll
+    };
     let mut done: Vec<(Event, i64)> = if snap.completion_observed() {
         snap.recent
             .iter()
-            .chain(snap.coll.completed.iter())
-            .filter(|e| e.kind == Kind::Coll && e.phase == Phase::Completed)
+            .chain(progress.completed.iter())
+            .filter(|e| e.kind == kind && e.phase == Phase::Completed)
             .map(|e| (*e, e.end_ns))
             .collect()
     } else {
         // Nothing shows completion on this communicator: the enqueue stands in.
-        snap.coll
+        progress
             .enqueued
             .iter()
             .map(|e| (*e, e.enqueued_ns))
             .collect()
     };
-    done.retain(|(e, end)| e.seq > seen.completed && *end > 0);
-    // A collective can complete twice (a late child); the later end wins.
+    done.retain(|(e, end)| e.seq > after && *end > 0);
+    // An operation can complete twice (a late child); the later end wins.
     done.sort_by_key(|(e, end)| (e.seq, *end));
     done.dedup_by(|later, earlier| {
         if later.0.seq == earlier.0.seq {
@@ -410,6 +561,16 @@ fn report_collectives(seen: &mut Seen, snap: &Snapshot, rank: u32, progress: &Pr
             false
         }
     });
+    done
+}
+
+/// Report the collectives of one segment that are new since the last poll; returns how
+/// many records went to `progress`.
+fn report_collectives(seen: &mut Seen, snap: &Snapshot, rank: u32, progress: &Progress) -> usize {
+    let job = &snap.job;
+    let mut sent = 0;
+    // Completions since the last poll, oldest first, with their end time.
+    let done = completions_after(snap, Kind::Coll, seen.completed);
 
     for (e, end) in &done {
         progress.completed(job, wire(snap, rank, e, *end));
@@ -447,6 +608,153 @@ fn report_collectives(seen: &mut Seen, snap: &Snapshot, rank: u32, progress: &Pr
         seen.in_flight = Some(ev);
         sent += 1;
     }
+    sent
+}
+
+/// The pair communicator of a point-to-point operation: its id, name and this rank's
+/// rank in it (the sender is 0); `None` for an operation that names no other rank or
+/// that the plugin did not number.
+fn pair_of(snap: &Snapshot, e: &Event) -> Option<(u64, String, u32)> {
+    use warden_nccl_profiler::layout::op;
+    let me = i32::try_from(snap.comm_rank).ok()?;
+    if e.nccl_seq == 0 || e.peer < 0 || e.peer == me {
+        return None;
+    }
+    let (src, dst, mine) = match e.op {
+        op::SEND => (me, e.peer, 0),
+        op::RECV => (e.peer, me, 1),
+        _ => return None,
+    };
+    let name = format!("nccl:{:016x}:p2p:{src}>{dst}", snap.comm_hash);
+    Some((warden_model::ids::fnv1a(name.as_bytes()), name, mine))
+}
+
+/// A point-to-point record on its pair communicator (registered on first use); `None`
+/// when it has none (see [`pair_of`]).
+fn p2p_wire(
+    seen: &mut P2pSeen,
+    snap: &Snapshot,
+    rank: u32,
+    e: &Event,
+    end_ns: i64,
+    progress: &Progress,
+) -> Option<CollectiveEvent> {
+    let (comm, name, comm_rank) = pair_of(snap, e)?;
+    if seen.pairs.insert(comm) {
+        progress.comm(
+            &snap.job,
+            CommInfo {
+                comm,
+                name,
+                size: 2,
+                rank,
+                comm_rank,
+            },
+        );
+    }
+    Some(CollectiveEvent {
+        comm,
+        rank,
+        seq: e.nccl_seq,
+        op: i32::from(e.op),
+        bytes: e.bytes,
+        start_ns: e.start_ns,
+        end_ns,
+        xfer_ns: if end_ns > 0 { e.xfer_ns } else { 0 },
+    })
+}
+
+/// Report the point-to-point operations of one segment that are new since the last
+/// poll, each on its pair communicator; returns how many records went to `progress`.
+fn report_p2p(seen: &mut P2pSeen, snap: &Snapshot, rank: u32, progress: &Progress) -> usize {
+    let job = &snap.job;
+    let mut sent = 0;
+    let observed = snap.completion_observed();
+    let done = completions_after(snap, Kind::P2p, seen.completed);
+    let mut started: Vec<Event> = snap
+        .recent
+        .iter()
+        .chain(snap.p2p.started.iter())
+        .filter(|e| e.kind == Kind::P2p && e.phase == Phase::Started && e.seq > seen.started)
+        .copied()
+        .collect();
+    started.sort_by_key(|e| e.seq);
+    started.dedup_by_key(|e| e.seq);
+
+    // Without completions of its own, an operation is covered by the completion of any
+    // operation of this communicator that started after it.
+    let completions: Vec<(i64, i64)> = snap
+        .recent
+        .iter()
+        .chain(snap.coll.completed.iter())
+        .chain(snap.p2p.completed.iter())
+        .filter(|e| e.phase == Phase::Completed && e.end_ns > 0)
+        .map(|e| (e.start_ns, e.end_ns))
+        .collect();
+    let covered = |seq: u64, start_ns: i64| -> Option<i64> {
+        if let Some((_, end)) = done.iter().find(|(e, _)| e.seq == seq) {
+            return Some(*end);
+        }
+        if !observed {
+            return done.iter().find(|(e, _)| e.seq >= seq).map(|(_, end)| *end);
+        }
+        completions
+            .iter()
+            .filter(|(s, _)| *s > start_ns)
+            .map(|(_, end)| *end)
+            .min()
+    };
+
+    for e in &started {
+        seen.started = seen.started.max(e.seq);
+        if done.iter().any(|(d, _)| d.seq == e.seq) {
+            continue; // its completion goes out below
+        }
+        if let Some(end_ns) = covered(e.seq, e.start_ns) {
+            if let Some(ev) = p2p_wire(seen, snap, rank, e, end_ns.max(e.start_ns), progress) {
+                progress.completed(job, CollectiveEvent { xfer_ns: 0, ..ev });
+                sent += 1;
+            }
+            continue;
+        }
+        if let Some(ev) = p2p_wire(seen, snap, rank, e, 0, progress) {
+            progress.started(job, ev.clone());
+            sent += 1;
+            if seen.in_flight.len() >= MAX_P2P_IN_FLIGHT {
+                seen.in_flight.remove(0);
+            }
+            seen.in_flight.push((e.seq, e.start_ns, ev));
+        }
+    }
+    for (e, end) in &done {
+        seen.completed = seen.completed.max(e.seq);
+        seen.started = seen.started.max(e.seq);
+        if let Some(ev) = p2p_wire(seen, snap, rank, e, *end, progress) {
+            progress.completed(job, ev);
+            sent += 1;
+        }
+    }
+    let mut still = Vec::new();
+    for (seq, start_ns, ev) in std::mem::take(&mut seen.in_flight) {
+        if done.iter().any(|(e, _)| e.seq == seq) {
+            continue;
+        }
+        match covered(seq, start_ns) {
+            Some(end_ns) => {
+                progress.completed(
+                    job,
+                    CollectiveEvent {
+                        end_ns: end_ns.max(ev.start_ns),
+                        xfer_ns: 0,
+                        ..ev
+                    },
+                );
+                sent += 1;
+            }
+            None => still.push((seq, start_ns, ev)),
+        }
+    }
+    seen.in_flight = still;
     sent
 }
 
@@ -788,5 +1096,178 @@ mod tests {
             poll_segments(&gone, &mut t, &p, 2_000).expect("poll"),
             PollStats::default()
         );
+    }
+
+    fn p2p(send: bool, peer: i32) -> TaskStart {
+        TaskStart {
+            kind: warden_nccl_profiler::layout::KIND_P2P,
+            op: if send { op::SEND } else { op::RECV },
+            nccl_seq: 0,
+            bytes: 256,
+            channels: 1,
+            peer,
+        }
+    }
+
+    /// (comm name, seq, op, in flight) of each p2p record, sorted; `names` holds the
+    /// communicators registered so far (a communicator is registered once).
+    fn p2p_view(
+        jobs: &[JobSignals],
+        names: &mut HashMap<u64, String>,
+    ) -> Vec<(String, u64, i32, bool)> {
+        for c in jobs.iter().flat_map(|j| j.comms.iter()) {
+            names.insert(c.comm, c.name.clone());
+        }
+        let mut view: Vec<_> = jobs
+            .iter()
+            .flat_map(|j| j.collectives.iter())
+            .filter(|e| e.op == 7 || e.op == 8)
+            .map(|e| {
+                let name = names.get(&e.comm).cloned().unwrap_or_default();
+                (name, e.seq, e.op, e.in_flight())
+            })
+            .collect();
+        view.sort();
+        view
+    }
+
+    #[test]
+    fn point_to_point_goes_on_a_communicator_per_pair_and_direction() {
+        let node = Node::new();
+        // This process is rank 1 of a 4-rank communicator (a pipeline's middle stage).
+        let ctx = node.open(0xb01, Some(5));
+        for _ in 0..2 {
+            for (send, peer) in [(false, 0), (true, 2)] {
+                let slot = ctx.start_task(&p2p(send, peer)).expect("a slot");
+                shm::stop_task(slot);
+                shm::start_child(slot, true);
+                shm::stop_child(slot, true);
+            }
+        }
+        // The third receive from rank 0 is posted and never arrives.
+        let _waiting = ctx.start_task(&p2p(false, 0)).expect("a slot");
+        let (mut t, p) = (node.tracker(), Progress::default());
+        let stats = node.poll(&mut t, &p, 1_000);
+        assert_eq!(stats.collectives, 5);
+        let jobs = cut(&p);
+        let recv = "nccl:0000000000000b01:p2p:0>1".to_owned();
+        let send = "nccl:0000000000000b01:p2p:1>2".to_owned();
+        assert_eq!(
+            p2p_view(&jobs, &mut HashMap::new()),
+            vec![
+                (recv.clone(), 1, 8, false),
+                (recv.clone(), 2, 8, false),
+                (recv.clone(), 3, 8, true),
+                (send.clone(), 1, 7, false),
+                (send.clone(), 2, 7, false),
+            ]
+        );
+        let pairs: Vec<(String, u32, u32, u32)> = jobs[0]
+            .comms
+            .iter()
+            .filter(|c| c.size == 2)
+            .map(|c| (c.name.clone(), c.rank, c.comm_rank, c.size))
+            .collect();
+        assert_eq!(
+            pairs,
+            vec![(recv.clone(), 5, 1, 2), (send.clone(), 5, 0, 2)],
+            "the receiver is member 1, the sender member 0; the global rank is the rank"
+        );
+        // The same id on every rank: the name's FNV-1a, as warden_torch makes them.
+        assert!(
+            jobs[0]
+                .comms
+                .iter()
+                .any(|c| c.comm == warden_model::ids::fnv1a(send.as_bytes()))
+        );
+        assert_eq!(node.poll(&mut t, &p, 2_000).collectives, 0, "nothing new");
+        shm::close(ctx);
+    }
+
+    #[test]
+    fn a_transfer_inside_the_node_completes_when_a_later_operation_does() {
+        let node = Node::new();
+        let ctx = node.open(0xb02, Some(1));
+        // Completions show on this communicator (a collective over the network) ...
+        complete_one(ctx, 0);
+        // ... but not for a send with no child events (shared memory inside the node):
+        // in flight ...
+        let slot = ctx.start_task(&p2p(true, 3)).expect("a slot");
+        shm::stop_task(slot);
+        let (mut t, p) = (node.tracker(), Progress::default());
+        node.poll(&mut t, &p, 1_000);
+        let name = "nccl:0000000000000b02:p2p:1>3".to_owned();
+        let names = &mut HashMap::new();
+        assert_eq!(p2p_view(&cut(&p), names), vec![(name.clone(), 1, 7, true)]);
+        // ... until a collective started after it completes, so it ran before.
+        complete_one(ctx, 1);
+        node.poll(&mut t, &p, 2_000);
+        assert_eq!(p2p_view(&cut(&p), names), vec![(name.clone(), 1, 7, false)]);
+        cut(&p); // completions are carried once more in the next batch
+        // An operation with no peer or no number, or to itself, is not reported.
+        for peer in [-1, 1] {
+            let s = ctx.start_task(&p2p(true, peer)).expect("a slot");
+            shm::stop_task(s);
+        }
+        complete_one(ctx, 2);
+        node.poll(&mut t, &p, 3_000);
+        let view = p2p_view(&cut(&p), names);
+        assert!(view.is_empty(), "{view:?}");
+        shm::close(ctx);
+    }
+
+    #[test]
+    fn a_watched_process_wakes_the_reader_the_moment_it_exits() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        let ticks = start_ticks(Path::new("/proc"), pid).expect("its start time");
+        let mut t = SegmentTracker::with_pid_namespace("/proc", None);
+        t.watch_exits = true;
+        let Some(fd) = watch(Path::new("/proc"), pid, ticks) else {
+            // No pidfds on this kernel: the poll interval decides, as documented.
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        };
+        assert!(
+            watch(Path::new("/proc"), pid, ticks + 1).is_none(),
+            "a pid whose start time differs is another process"
+        );
+        t.processes.insert(
+            (pid, ticks),
+            Process {
+                job: "j".to_owned(),
+                rank: 0,
+                alive_at_ns: 1,
+                exited: false,
+                stopped: false,
+                pidfd: Some(fd),
+                exited_at_ns: None,
+            },
+        );
+        let stop = crate::runtime::StopFlag::default();
+        let before = std::time::Instant::now();
+        assert!(t.wait_for_exit(Duration::from_millis(300), &stop, || 7));
+        assert!(
+            before.elapsed() >= Duration::from_millis(290),
+            "no exit: it waited"
+        );
+        assert_eq!(t.processes[&(pid, ticks)].exited_at_ns, None);
+        child.kill().expect("kill");
+        let before = std::time::Instant::now();
+        assert!(t.wait_for_exit(Duration::from_secs(20), &stop, || 42));
+        assert!(
+            before.elapsed() < Duration::from_secs(5),
+            "the exit woke it: {:?}",
+            before.elapsed()
+        );
+        assert_eq!(t.processes[&(pid, ticks)].exited_at_ns, Some(42));
+        let _ = child.wait();
+        // Nothing watched: it sleeps, and a raised stop flag ends the wait.
+        stop.raise();
+        assert!(!t.wait_for_exit(Duration::from_secs(20), &stop, || 0));
     }
 }

@@ -300,6 +300,15 @@ fn the_agents_token_is_in_no_log_line_at_trace_level() {
             .spawn()
             .expect("controller starts"),
     );
+    // Every delivery must reach the controller to be refused with a 401: one made
+    // before it listens fails to connect instead.
+    let listening = warden_testkit::poll(PATIENCE, || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    assert!(
+        listening.is_some(),
+        "the controller never listened on {port}"
+    );
     let extra = format!(
         "  ca_file: {}\n  token_file: {}\n",
         dir.path().join("ca.pem").display(),

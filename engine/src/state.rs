@@ -437,6 +437,10 @@ pub struct Member {
     pub last_completed_seq: u64,
     /// When that completed (controller clock).
     pub last_completed_at: Timestamp,
+    /// When the member entered the collective that completed last (controller clock):
+    /// on a device path the host enqueues ahead of the device, so a collective can
+    /// complete after later ones were entered.
+    pub last_completed_entered_at: Timestamp,
     /// Completed collectives seen.
     pub completions: u32,
     /// When (controller clock) its agent last reported it still inside
@@ -778,7 +782,7 @@ impl JobState {
     /// keeps saying so after they did (see [`CommState::partially_completed`]).
     pub fn blocked_in(&self, r: u32) -> Option<(u32, u64)> {
         let rank = self.ranks.get(r)?;
-        let progress = self.last_progress(r);
+        let progress = self.moved_on_at(r);
         rank.comms.iter().find_map(|&(ci, s)| {
             let c = &self.comms[ci as usize];
             let m = &c.members[s as usize];
@@ -807,6 +811,23 @@ impl JobState {
             rank.comms
                 .iter()
                 .map(|&(ci, s)| self.comms[ci as usize].members[s as usize].last_completed_at)
+                .max()
+                .unwrap_or(Timestamp::ZERO)
+        })
+    }
+
+    /// When rank `r` entered the latest-entered collective that has completed on it
+    /// ([`Timestamp::ZERO`] if none): a record of a collective it entered before that
+    /// is not where the rank is now. Entry times, not completion times: a device path
+    /// (NCCL) enqueues several collectives ahead and they complete later, one by one,
+    /// while the rank is already inside the last one.
+    pub fn moved_on_at(&self, r: u32) -> Timestamp {
+        self.ranks.get(r).map_or(Timestamp::ZERO, |rank| {
+            rank.comms
+                .iter()
+                .map(|&(ci, s)| {
+                    self.comms[ci as usize].members[s as usize].last_completed_entered_at
+                })
                 .max()
                 .unwrap_or(Timestamp::ZERO)
         })
@@ -1655,6 +1676,7 @@ fn apply_collective(
         && m.last_completed_at >= gap_at;
     m.last_completed_seq = ev.seq;
     m.last_completed_at = Timestamp(ev.end_ns.saturating_sub(offset));
+    m.last_completed_entered_at = start;
     m.completions = m.completions.saturating_add(1);
     if ev.xfer_ns > 0 {
         m.xfer.push(ev.xfer_ns as f32 / 1e9);
@@ -1713,18 +1735,27 @@ fn apply_collective(
     true
 }
 
-/// The rank's least frequent communicator, once every one has a few completions.
+/// Completions of the busiest communicator after which one that has completed fewer
+/// than two collectives is taken as idle (used once at start, or never: a process
+/// group made for a barrier, a communicator that only carries point-to-point traffic)
+/// and no longer holds the anchor back.
+const IDLE_AFTER: u32 = 16;
+
+/// The rank's least frequent communicator, once every one has a few completions, or
+/// once one has [`IDLE_AFTER`], among those with a few.
 fn choose_anchor(comms: &[CommState], mine: &[(u32, u32)]) -> Option<u32> {
     let counts: Vec<u32> = mine
         .iter()
         .map(|&(ci, s)| comms[ci as usize].members[s as usize].completions)
         .collect();
-    if counts.iter().any(|&c| c < 2) {
+    let busiest = counts.iter().copied().max().unwrap_or(0);
+    if counts.iter().any(|&c| c < 2) && busiest < IDLE_AFTER {
         return None;
     }
     counts
         .iter()
         .enumerate()
+        .filter(|&(_, c)| *c >= 2)
         .min_by_key(|&(_, c)| *c)
         .map(|(i, _)| i as u32)
 }
@@ -2058,16 +2089,13 @@ mod tests {
         assert!((started.secs_since(at(9.9))).abs() < 0.005, "{started:?}");
     }
 
-    #[test]
-    fn compute_time_is_iteration_minus_waits() {
-        let mut c = Cluster::default();
-        let mut st = EngineStats::default();
-        // Rank 0 in comms 1 (twice per iteration) and 2 (once): computes 1 s, waits 0.1 s
-        // in each collective.
-        let mut evs = vec![];
-        let mut t = 0.0;
+    /// `iterations` iterations of rank 0 after `evs` (ending at `t`): 1 s of compute
+    /// and three collectives of 0.1 s each, two on comm 1 and one on comm 2. Returns
+    /// the cluster they were applied to.
+    fn twice_and_once(mut evs: Vec<CollectiveEvent>, mut t: f64, iterations: u64) -> Cluster {
+        let (mut c, mut st) = (Cluster::default(), EngineStats::default());
         let mut s1 = 0;
-        for it in 1..=8u64 {
+        for it in 1..=iterations {
             for _ in 0..2 {
                 t += 0.5;
                 s1 += 1;
@@ -2078,6 +2106,24 @@ mod tests {
             t += 0.1;
         }
         c.apply(batch("n0", 1, t + 0.1, evs), at(t + 0.1), &mut st);
+        c
+    }
+
+    #[test]
+    fn a_communicator_used_once_at_start_does_not_hold_iterations_back() {
+        // A barrier on comm 3 at start, then comm 1 twice and comm 2 once per iteration.
+        let c = twice_and_once(vec![coll(3, 0, 1, 0.0, Some(0.1))], 0.1, 20);
+        let r = &c.jobs["j"].ranks[0];
+        assert_eq!(r.anchor, Some(2), "comm 2, once an iteration, closes them");
+        let med = rank_compute_median(r, 4).expect("samples");
+        assert!((med - 1.0).abs() < 1e-3, "compute {med}");
+    }
+
+    #[test]
+    fn compute_time_is_iteration_minus_waits() {
+        // Rank 0 in comms 1 (twice per iteration) and 2 (once): computes 1 s, waits 0.1 s
+        // in each collective.
+        let c = twice_and_once(vec![], 0.0, 8);
         let r = &c.jobs["j"].ranks[0];
         assert_eq!(
             r.anchor,

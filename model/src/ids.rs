@@ -45,6 +45,17 @@ impl fmt::Display for GpuRef {
 /// Longest node name: a DNS-1123 subdomain.
 pub const MAX_NODE_NAME_LEN: usize = 253;
 
+/// FNV-1a, 64 bit: communicator ids made from names (`warden_torch` computes the same
+/// over the same names, so every rank of a communicator arrives at the same id).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
 /// Check a node name: a DNS-1123 subdomain (lowercase letters, digits, `-` and `.`, each
 /// dot-separated part 1 to 63 characters starting and ending with a letter or digit, at
 /// most 253 in all). This is what Kubernetes accepts as a node name, and a name that

@@ -86,15 +86,7 @@ impl Comm {
     }
 }
 
-/// FNV-1a, 64 bit.
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
+pub use warden_model::ids::fnv1a;
 
 /// Ranks, nodes and communicators of one job.
 #[derive(Debug, Clone)]

@@ -126,7 +126,10 @@ pub struct Record {
     /// The plugin's sequence number within the communicator, 1, 2, … (collectives and
     /// p2p operations count separately).
     pub seq: u64,
-    /// NCCL's own `seqNumber` (per collective function); 0 for p2p.
+    /// Collectives: NCCL's own `seqNumber` (per collective function). P2p: the
+    /// operation's number among this rank's operations with the same peer in the same
+    /// direction, 1, 2, … (a sender's n-th send to a peer is that peer's n-th receive
+    /// from it); 0 when the plugin could not count it.
     pub nccl_seq: u64,
     /// Payload: count × datatype size; 0 when the datatype is unknown.
     pub bytes: u64,

@@ -69,7 +69,9 @@ pub struct Event {
     pub phase: Phase,
     /// Sequence number within the communicator (collectives and p2p separately).
     pub seq: u64,
-    /// NCCL's own per-function sequence number (0 for p2p).
+    /// Collectives: NCCL's own per-function sequence number. P2p: the number among
+    /// this rank's operations with the same peer in the same direction, from 1 (0:
+    /// not counted).
     pub nccl_seq: u64,
     /// Operation code (`layout::op`; 0–9 are `warden_model`'s `CollOp` numbers).
     pub op: u8,

@@ -34,6 +34,12 @@ const WRITE_SPINS: u32 = 64;
 /// How many slots a start event looks at before it gives up.
 const SLOT_PROBES: u32 = 8;
 
+/// Entries in a communicator's table of point-to-point directions (peer, send or
+/// receive), each with its own count of operations. A communicator with more
+/// directions than this (an all-to-all over more than 128 ranks) records the rest with
+/// no count (0), which the agent does not report.
+pub const PAIRS: usize = 256;
+
 /// Why a segment could not be made; the communicator then runs without the plugin.
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
@@ -279,6 +285,10 @@ pub struct Context {
     shm: Shm,
     slots: Box<[Slot]>,
     next_slot: AtomicU32,
+    /// Point-to-point directions: key `(peer << 1 | receive) + 1`, 0 when free.
+    pair_keys: Box<[AtomicU64]>,
+    /// Operations so far in the direction of the same index of `pair_keys`.
+    pair_counts: Box<[AtomicU64]>,
     live: AtomicBool,
     /// The segment file while live.
     path: Mutex<Option<PathBuf>>,
@@ -331,6 +341,11 @@ impl Context {
             (off::C_COLL_STARTED, off::COLL)
         };
         let seq = self.shm.add(started, 1).wrapping_add(1);
+        let nccl_seq = if t.kind == layout::KIND_P2P {
+            self.pair_seq(t.peer, t.op == layout::op::RECV)
+        } else {
+            t.nccl_seq
+        };
         let info = Info {
             kind: t.kind,
             op: t.op,
@@ -341,7 +356,7 @@ impl Context {
         let r = Ordering::Relaxed;
         slot.info.store(info.pack(), r);
         slot.seq.store(seq, r);
-        slot.nccl_seq.store(t.nccl_seq, r);
+        slot.nccl_seq.store(nccl_seq, r);
         slot.bytes.store(t.bytes, r);
         slot.start_ns.store(now, r);
         slot.enqueued_ns.store(0, r);
@@ -353,7 +368,7 @@ impl Context {
         slot.completed.store(false, r);
         let v = Values {
             seq,
-            nccl_seq: t.nccl_seq,
+            nccl_seq,
             bytes: t.bytes,
             start_ns: now,
             info,
@@ -363,6 +378,35 @@ impl Context {
             .write(off::progress_record(progress, layout::STARTED), &v, true);
         self.shm.ring(&v);
         Some(slot)
+    }
+
+    /// The number of this point-to-point operation among this rank's operations with
+    /// `peer` in the same direction: 1, 2, … The sender's n-th send to a peer and that
+    /// peer's n-th receive from it are the same transfer. 0 when the peer is unknown
+    /// or the table is full.
+    #[inline]
+    fn pair_seq(&self, peer: i32, receive: bool) -> u64 {
+        let Ok(peer) = u64::try_from(peer) else {
+            return 0;
+        };
+        let key = (peer << 1 | u64::from(receive)) + 1;
+        let n = self.pair_keys.len();
+        let mut i = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % n;
+        for _ in 0..n {
+            let k = &self.pair_keys[i];
+            let mut held = k.load(Ordering::Acquire);
+            if held == 0 {
+                held = match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => key,
+                    Err(other) => other,
+                };
+            }
+            if held == key {
+                return self.pair_counts[i].fetch_add(1, Ordering::Relaxed) + 1;
+            }
+            i = (i + 1) % n;
+        }
+        0
     }
 
     /// A free slot, taking them round robin. The cursor is advanced with a plain load
@@ -646,6 +690,10 @@ fn map(path: &Path, file: &File) -> Result<&'static Context, InitError> {
                 slot.children.store(0, Ordering::Relaxed);
             }
             ctx.next_slot.store(0, Ordering::Relaxed);
+            for (k, c) in ctx.pair_keys.iter().zip(ctx.pair_counts.iter()) {
+                k.store(0, Ordering::Relaxed);
+                c.store(0, Ordering::Relaxed);
+            }
             ctx
         }
         None => {
@@ -653,6 +701,8 @@ fn map(path: &Path, file: &File) -> Result<&'static Context, InitError> {
                 shm: Shm { base: p.cast() },
                 slots: (0..SLOTS).map(|_| Slot::new()).collect(),
                 next_slot: AtomicU32::new(0),
+                pair_keys: (0..PAIRS).map(|_| AtomicU64::new(0)).collect(),
+                pair_counts: (0..PAIRS).map(|_| AtomicU64::new(0)).collect(),
                 live: AtomicBool::new(false),
                 path: Mutex::new(None),
             }));

@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
-use common::{Comm, allreduce, my_pid, proxy_op, record, send, stop};
+use common::{Comm, allreduce, my_pid, proxy_op, record, recv, send, stop};
 use warden_nccl_profiler::config::DEFAULT_MASK;
 use warden_nccl_profiler::segment::{Kind, Phase};
 use warden_nccl_profiler::shm::SLOTS;
@@ -127,6 +127,55 @@ fn p2p_operations_count_separately() {
         (3, Kind::P2p, 7, 200, 3)
     );
     c.finalize();
+}
+
+#[test]
+fn p2p_operations_are_numbered_per_peer_and_direction() {
+    let c = Comm::init(0x1007, 0);
+    // Pipeline traffic: to and from two peers, interleaved, and one with no peer.
+    let ops: [(bool, i32); 7] = [
+        (true, 1),
+        (false, 1),
+        (true, 2),
+        (true, 1),
+        (false, 1),
+        (false, 2),
+        (true, -1),
+    ];
+    for (is_send, peer) in ops {
+        let p = c.start(&mut if is_send {
+            send(8, peer)
+        } else {
+            recv(8, peer)
+        });
+        stop(p);
+    }
+    let s = c.read();
+    let numbered: Vec<(u8, i32, u64, u64)> = s
+        .recent
+        .iter()
+        .filter(|e| e.kind == Kind::P2p && e.phase == Phase::Started)
+        .map(|e| (e.op, e.peer, e.seq, e.nccl_seq))
+        .collect();
+    assert_eq!(
+        numbered,
+        vec![
+            (7, 1, 1, 1),
+            (8, 1, 2, 1),
+            (7, 2, 3, 1),
+            (7, 1, 4, 2),
+            (8, 1, 5, 2),
+            (8, 2, 6, 1),
+            (7, -1, 7, 0),
+        ]
+    );
+    c.finalize();
+    // A context used again starts its counts afresh.
+    let again = Comm::init(0x1008, 0);
+    stop(again.start(&mut send(8, 1)));
+    let s = again.read();
+    assert_eq!(s.p2p.started.map(|e| e.nccl_seq), Some(1));
+    again.finalize();
 }
 
 #[test]

@@ -160,8 +160,8 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
                 continue;
             }
             if m.last_started_seq == seq && m.last_completed_seq < seq {
-                // Still inside only if it completed nothing since it entered.
-                if job.last_progress(m.rank) <= m.last_started_at {
+                // Still inside only if nothing it entered later has completed.
+                if job.moved_on_at(m.rank) <= m.last_started_at {
                     waiting += 1;
                     oldest = oldest.min(m.last_started_at);
                     still_reported = still_reported.max(m.inflight_seen);
@@ -177,11 +177,12 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         if waiting == 0 || waits_on_dead {
             continue;
         }
-        // A member that made progress after the wait began is not what anyone waits
-        // for: our view of it lost a record (a dropped batch). Nothing is confirmed.
+        // A member that completed a collective it entered after the wait began is not
+        // what anyone waits for: our view of it lost a record (a dropped batch).
+        // Nothing is confirmed.
         if missing
             .iter()
-            .any(|&r| job.last_progress(r) > oldest.plus_secs(CLOCK_SLACK_SECS))
+            .any(|&r| job.moved_on_at(r) > oldest.plus_secs(CLOCK_SLACK_SECS))
         {
             continue;
         }
@@ -272,12 +273,12 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             .collect();
         stopped.sort_unstable();
         if !stopped.is_empty() {
-            let what = format!(
-                "inside {op} seq {} of {}; the other {} members wait in it",
-                s.seq,
-                s.comm.label(),
-                s.waiting.saturating_sub(stopped.len())
-            );
+            let others = match s.waiting.saturating_sub(stopped.len()) {
+                0 => "its own records of it end there".to_owned(),
+                1 => "the other member waits in it".to_owned(),
+                n => format!("the other {n} members wait in it"),
+            };
+            let what = format!("inside {op} seq {} of {}; {others}", s.seq, s.comm.label());
             return vec![held_by_stopped(w, &stopped, s.oldest, &what)];
         }
         let (nodes, _) = w.places(&ranks);

@@ -82,8 +82,13 @@ pub fn check(cfg: &NanConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     } else {
         format!("ranks {}", list(&culprits))
     };
+    let followed = match later {
+        0 => "no other rank has so far".to_owned(),
+        1 => "1 other rank followed".to_owned(),
+        n => format!("{n} other ranks followed"),
+    };
     let summary = format!(
-        "{who} reported a non-finite {what} at step {} first; {later} other ranks followed",
+        "{who} reported a non-finite {what} at step {} first; {followed}",
         key.0
     );
     let mut evidence = vec![Evidence {

@@ -176,9 +176,91 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
     })
 }
 
+/// Recent samples per rank for the two-node comparison.
+const TWO_NODE_RECENT: usize = 5;
+/// Earlier samples (before the recent ones) each rank needs for it.
+const TWO_NODE_EARLIER: usize = 8;
+/// How far a node's own compute may drift and still count as unchanged.
+const TWO_NODE_STEADY: f64 = 1.08;
+
+/// A rank, its compute median over earlier iterations and over the recent ones.
+type RankChange = (u32, f64, f64);
+
+/// A rank's recent and earlier compute medians, pauses left out.
+fn before_and_now(r: &crate::state::RankState, cap: f64) -> Option<(f64, f64)> {
+    let v: Vec<f64> = r
+        .compute
+        .recent(usize::MAX)
+        .map(|s| f64::from(s.secs))
+        .filter(|&x| x <= cap)
+        .collect();
+    if v.len() < TWO_NODE_RECENT + TWO_NODE_EARLIER {
+        return None;
+    }
+    let (recent, earlier) = v.split_at(TWO_NODE_RECENT);
+    Some((
+        median(&mut earlier.to_vec())?,
+        median(&mut recent.to_vec())?,
+    ))
+}
+
+/// A job on two nodes has no majority of nodes to compare with: with half the job
+/// slow, the median sits between the halves. There, a node is slow when the compute of
+/// every one of its ranks rose against its own earlier iterations, by at least
+/// `min_ratio`, while the other node's stayed where it was. Returns (node, ratio to the
+/// other node, the other node's compute, its ranks, the other node).
+fn two_node_change(
+    cfg: &StragglerConfig,
+    w: Window<'_>,
+    cap: f64,
+) -> Option<(u32, f64, f64, Vec<u32>, u32)> {
+    let mut by_node: std::collections::BTreeMap<u32, Vec<RankChange>> = Default::default();
+    for (i, r) in w.job.ranks.iter() {
+        if !r.alive() || r.node == NO_NODE {
+            continue;
+        }
+        let (before, now) = before_and_now(r, cap)?;
+        if before <= 1e-6 {
+            return None;
+        }
+        by_node.entry(r.node).or_default().push((i, before, now));
+    }
+    if by_node.len() != 2 || by_node.values().map(Vec::len).sum::<usize>() < 4 {
+        return None;
+    }
+    let nodes: Vec<(u32, Vec<RankChange>)> = by_node.into_iter().collect();
+    let change =
+        |ranks: &[RankChange]| -> Vec<f64> { ranks.iter().map(|(_, b, n)| n / b).collect() };
+    let now_of = |ranks: &[RankChange]| median(&mut ranks.iter().map(|x| x.2).collect::<Vec<_>>());
+    for (slow, steady) in [(0, 1), (1, 0)] {
+        let (node, ranks) = &nodes[slow];
+        let (other, others) = &nodes[steady];
+        let rose = change(ranks).into_iter().fold(f64::INFINITY, f64::min);
+        let mut held = change(others);
+        let held = median(&mut held)?;
+        let (now, base) = (now_of(ranks)?, now_of(others)?);
+        if base <= 1e-6 {
+            continue;
+        }
+        let ratio = now / base;
+        if rose >= cfg.fast_min_ratio && held <= TWO_NODE_STEADY && ratio >= cfg.fast_min_ratio {
+            return Some((
+                *node,
+                ratio,
+                base,
+                ranks.iter().map(|x| x.0).collect(),
+                *other,
+            ));
+        }
+    }
+    None
+}
+
 /// Check one job.
 pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let mut flagged: Vec<(u32, f64, f64, Vec<u32>, usize)> = Vec::new(); // node, ratio, base, ranks, window
+    // Against the other node rather than the job median, for a two-node job.
+    let mut versus: Option<(u32, u32)> = None;
     let Some(typical) = typical_compute(w) else {
         return vec![];
     };
@@ -207,6 +289,12 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
                 flagged.push((n.node, n.ratio, sc.base, n.ranks, window));
             }
         }
+    }
+    if flagged.is_empty()
+        && let Some((node, ratio, base, ranks, other)) = two_node_change(cfg, w, cap)
+    {
+        flagged.push((node, ratio, base, ranks, TWO_NODE_RECENT));
+        versus = Some((node, other));
     }
     // Single slow ranks on otherwise healthy nodes (a throttling GPU).
     if let Some(Scores { base, ratios, .. }) = scores(w, cfg.slow_window, 1, cap) {
@@ -240,6 +328,10 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
             };
             let onset = onset_of(w, &ranks, base * (1.0 + (ratio - 1.0) / 2.0)).unwrap_or(now);
             let (_, gpus) = w.places(&ranks);
+            let against = match versus {
+                Some((n, other)) if n == node => w.cluster.node_name(other).to_owned(),
+                _ => "the job median".to_owned(),
+            };
             Finding {
                 kind: IncidentKind::Straggler,
                 job: Some(w.job.name.clone()),
@@ -250,13 +342,13 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
                 confidence: (0.6 + (ratio - 1.0) * 1.5).clamp(0.6, 0.97),
                 severity: Severity::Warning,
                 summary: format!(
-                    "{scope} computes {ratio:.2}x slower than the job median; the job runs about \
+                    "{scope} computes {ratio:.2}x slower than {against}; the job runs about \
                      {job_slowdown:.2}x slower because of it{detail}"
                 ),
                 evidence: vec![Evidence {
                     at: now,
                     text: format!(
-                        "median compute over the last {window} iterations: {:.3} s on {name} vs {base:.3} s job median",
+                        "median compute over the last {window} iterations: {:.3} s on {name} vs {base:.3} s ({against})",
                         base * ratio
                     ),
                 }],

@@ -659,6 +659,44 @@ fn straggler_node_is_found_and_hiccups_are_not() {
     assert_eq!(f[0].ranks, vec![20, 21, 22, 23]);
 }
 
+/// Two nodes of two ranks, 20 iterations of noisy compute; `slow(rank, k)` is the
+/// factor of iteration `k` of `rank`.
+fn two_nodes(slow: impl Fn(u32, usize) -> f64) -> Job {
+    let mut j = Job::new(2, 2);
+    for r in 0..4u32 {
+        let s: Vec<f64> = (0..20).map(|k| noisy(r, k) * slow(r, k)).collect();
+        j.compute(r, &s);
+    }
+    j
+}
+
+#[test]
+fn in_a_two_node_job_the_node_that_slowed_down_is_named() {
+    // Both ranks of node 1 compute 1.5x from iteration 14: half the job, so the job
+    // median sits between the halves; node 1 rose against its own earlier iterations.
+    let j = two_nodes(|r, k| if r >= 2 && k >= 14 { 1.5 } else { 1.0 });
+    let f = j.findings(IncidentKind::Straggler, 20.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].nodes, vec!["node-01".to_string()]);
+    assert_eq!(f[0].ranks, vec![2, 3]);
+    assert!(f[0].summary.contains("than node-00"), "{}", f[0].summary);
+    // Not yet when only two iterations are slow.
+    let early = two_nodes(|r, k| if r >= 2 && k >= 18 { 1.5 } else { 1.0 });
+    check(&early, IncidentKind::Straggler, 20.0, None);
+}
+
+#[test]
+fn in_a_two_node_job_a_slow_rank_is_a_rank_and_a_slower_job_is_nothing() {
+    // One rank of node 1: the rank, not its node.
+    let j = two_nodes(|r, k| if r == 3 && k >= 10 { 1.5 } else { 1.0 });
+    check(&j, IncidentKind::Straggler, 20.0, Some(&[3]));
+    // Every rank slower together (a longer phase of the job): nobody's fault.
+    let j = two_nodes(|_, k| if k >= 10 { 1.5 } else { 1.0 });
+    check(&j, IncidentKind::Straggler, 20.0, None);
+    // Noise alone.
+    check(&two_nodes(|_, _| 1.0), IncidentKind::Straggler, 20.0, None);
+}
+
 #[test]
 fn small_straggler_needs_the_long_window() {
     let mut j = Job::new(16, 4);
@@ -1031,6 +1069,53 @@ fn a_hang_in_a_jobs_first_steps_is_called_within_a_few_iterations_not_the_warm_u
     check(&j, IncidentKind::Hang, 3.5, None); // within three iterations
     j.heartbeats(5.0);
     check(&j, IncidentKind::Hang, 5.0, Some(&[3]));
+}
+
+#[test]
+fn on_a_device_path_a_hang_is_called_though_earlier_collectives_complete_after_later_ones_began() {
+    // NCCL as warden_torch or the plugin see it: the host enqueues a step's three
+    // all-gathers at once and goes on; each completes on the device later. A step every
+    // 0.5 s with step marks; rank 3 is stopped at the end of step 5: its last three
+    // collectives ran on the device (the others' completions show it) but its own
+    // completions are never reported, while the others enqueue step 6 before step 5's
+    // collectives have finished on their devices.
+    let mut j = Job::new(4, 1);
+    let mut seq = 0;
+    for step in 1..=5u64 {
+        let t = step as f64 * 0.5;
+        for k in 0..3u64 {
+            for r in 0..4 {
+                let (start, end) = (t - 0.4 + 0.001 * k as f64, t - 0.3 + 0.1 * k as f64);
+                let stopped = r == 3 && step == 5;
+                j.coll(1, r, seq + k + 1, start, (!stopped).then_some(end));
+            }
+        }
+        seq += 3;
+        for r in 0..3 {
+            j.metric(r, step, t + 0.02, 1.0, 1.0);
+        }
+        if step < 5 {
+            j.metric(3, step, t + 0.02, 1.0, 1.0);
+        }
+    }
+    // Step 6: ranks 0-2 enqueue 16, 17, 18 at 2.11 s, before 13-15 completed (2.2-2.4 s).
+    let mut ahead = Vec::new();
+    for r in 0..3 {
+        for k in 16..=18u64 {
+            j.coll(1, r, k, 2.11 + 0.001 * (k - 16) as f64, None);
+        }
+        ahead.push(j.in_flight.pop().expect("in flight"));
+    }
+    for r in 0..3 {
+        for (k, end) in [(13u64, 2.2), (14, 2.3), (15, 2.4)] {
+            j.coll(1, r, k, 2.1 + 0.001 * (k - 13) as f64, Some(end));
+        }
+    }
+    j.in_flight.extend(ahead);
+    j.heartbeats(3.0);
+    check(&j, IncidentKind::Hang, 3.0, None); // within a few iterations of 0.5 s
+    j.heartbeats(6.0);
+    check(&j, IncidentKind::Hang, 6.0, Some(&[3]));
 }
 
 #[test]

@@ -20,6 +20,7 @@ sends two micro-batches' activations forward and their gradients back by ``send`
 data-parallel group; only the last stage has a loss).
 
 Faults (``--fault``) hit rank ``--fault-rank`` at step ``--fault-step``:
+``--fault-ranks 2,3`` hits several ranks at once (a whole node).
 ``nan`` multiplies that rank's loss by NaN before backward (on a pipeline's first
 stage, its activations); ``slow`` makes that rank's
 compute take ``--slow-factor`` times as long from that step on; ``raise`` raises an
@@ -55,6 +56,8 @@ def main():
     p.add_argument("--compute-ms", type=float, default=50.0, help="simulated compute per step")
     p.add_argument("--fault", choices=["none", "nan", "slow", "raise", "stall"], default="none")
     p.add_argument("--fault-rank", type=int, default=0)
+    p.add_argument("--fault-ranks", default=None,
+                   help="ranks the fault hits, joined by commas (instead of --fault-rank): a whole node")
     p.add_argument("--fault-step", type=int, default=0)
     p.add_argument("--slow-factor", type=float, default=1.5)
     p.add_argument("--pid-dir", default=None, help="write rank<N>.pid and steps.log here")
@@ -180,12 +183,19 @@ def announce(args, rank):
     return open(os.path.join(args.pid_dir, "steps.log"), "a") if rank == 0 else None
 
 
+def fault_ranks(args):
+    """The ranks the fault hits: ``--fault-ranks``, else ``--fault-rank``."""
+    if args.fault_ranks:
+        return {int(r) for r in args.fault_ranks.split(",") if r.strip()}
+    return {args.fault_rank}
+
+
 def faults_before_compute(args, rank, step, compute):
     """The slow and stall faults, where they strike: before the step's compute. Returns
     the compute time from this step on."""
-    if args.fault == "slow" and rank == args.fault_rank and step == args.fault_step:
+    if args.fault == "slow" and rank in fault_ranks(args) and step == args.fault_step:
         compute *= args.slow_factor
-    if args.fault == "stall" and rank == args.fault_rank and step == args.fault_step:
+    if args.fault == "stall" and rank in fault_ranks(args) and step == args.fault_step:
         threading.Event().wait()
     return compute
 
@@ -193,9 +203,9 @@ def faults_before_compute(args, rank, step, compute):
 def faults_on_loss(args, rank, step, value):
     """The nan and raise faults, on this rank's loss (or, for a pipeline's first stage,
     its activations)."""
-    if args.fault == "nan" and rank == args.fault_rank and step == args.fault_step:
+    if args.fault == "nan" and rank in fault_ranks(args) and step == args.fault_step:
         value = value * float("nan")
-    if args.fault == "raise" and rank == args.fault_rank and step == args.fault_step:
+    if args.fault == "raise" and rank in fault_ranks(args) and step == args.fault_step:
         raise ValueError("bad batch shape in user code at step %d" % step)
     return value
 

@@ -3,8 +3,10 @@
 ProcessGroupNCCL completes a work's future as soon as the work is enqueued on its CUDA
 stream; only ``work.is_completed()`` (which queries the work's CUDA events) says when it
 ran. A stand-in work of that shape goes through ``warden_torch._finish``: no end may be
-reported while it has not run, one end once it has. A work whose future completes with
-it (gloo) is reported from the future, as before. No GPU and no process group needed.
+reported while it has not run, one end once it has. A work on device tensors is watched
+the same way even when its future is not yet done when the call returns (it completes
+at enqueue a moment later). A work whose future completes with it (gloo) is reported
+from the future, as before. No GPU and no process group needed.
 
     python3 check_device_work.py      # exit 0: the check passed
 """
@@ -62,6 +64,15 @@ class DeviceWork:
         return self.ran
 
 
+class LateDeviceWork(DeviceWork):
+    """Enqueued, and its future completes a moment after the call returns (at enqueue,
+    from another thread): only the work's tensors say it is a device work."""
+
+    def __init__(self):
+        super().__init__()
+        self.fut = Future(False)
+
+
 class HostWork:
     """gloo's shape: the future completes when the work does."""
 
@@ -93,21 +104,24 @@ def main():
         print("FAIL: cannot reach the stand-in agent")
         return 1
     c = warden_torch._Comm(11, 1, 0, "pg:0")
-    dev, host = DeviceWork(), HostWork()
+    dev, host, late = DeviceWork(), HostWork(), LateDeviceWork()
     warden_torch._finish(st, dev, (c, 1))
     warden_torch._finish(st, host, (c, 2))
+    warden_torch._finish(st, late, (c, 3), device=True)
+    late.fut.complete()  # enqueued: its future completes, it has not run
     time.sleep(0.3)
     failures = []
     if ends(frames):
-        failures.append("ends reported before either work ran: %s" % ends(frames))
+        failures.append("ends reported before any work ran: %s" % ends(frames))
     host.fut.complete()
     dev.ran = True
+    late.ran = True
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and len(ends(frames)) < 2:
+    while time.monotonic() < deadline and len(ends(frames)) < 3:
         time.sleep(0.02)
     got = sorted(ends(frames))
-    if got != [(11, 1), (11, 2)]:
-        failures.append("ends after both ran: %s, want [(11, 1), (11, 2)]" % got)
+    if got != [(11, 1), (11, 2), (11, 3)]:
+        failures.append("ends after all ran: %s, want [(11, 1), (11, 2), (11, 3)]" % got)
     st.exited = True
     for f in failures:
         print("FAIL:", f)

@@ -324,9 +324,22 @@ def _begin(st, dist, pg, op, peer, nbytes):
     return c, seq
 
 
-def _finish(st, work, key):
-    """Report the end of ``work`` when it completes on this rank: from its future's
-    callback, or, where the backend has none, when it is waited for."""
+def _on_device(x):
+    """Whether ``x`` (a tensor or a list of them) lives on an accelerator: its work is
+    then a device work, enqueued on a stream."""
+    try:
+        if isinstance(x, (list, tuple)):
+            return any(_on_device(t) for t in x)
+        return x.device.type != "cpu"
+    except Exception:
+        return False
+
+
+def _finish(st, work, key, device=False):
+    """Report the end of ``work`` when it completes on this rank: for a device work
+    (``device``, or a future already done before the work ran), when the work says it
+    ran; otherwise from its future's callback, or, where the backend has none, when it
+    is waited for."""
     c, seq = key
 
     def done(f):
@@ -341,6 +354,11 @@ def _finish(st, work, key):
         return None
 
     try:
+        if device:
+            # Its future may complete at enqueue, whether or not it has yet: only the
+            # work's own events say when it ran.
+            _watch_device(st, work, c, seq)
+            return
         fut = work.get_future()
         if fut.done() and not work.is_completed():
             # A device work (NCCL): its future completes when the work is enqueued on
@@ -448,20 +466,21 @@ def _hook_pg(st, dist, pg):
             peer = a.root if op in (_SEND, _RECV) else None
             key = _begin(s, dist, pg, op, peer, _nbytes(a.input_tensors))
             if key is not None:
-                begun[a.op_id] = key
+                begun[a.op_id] = (key, _on_device(a.input_tensors))
         except Exception:
             pass
 
     def post(a):
         s = _state
-        key = begun.pop(a.op_id, None)
-        if key is None or s is None or s.exited:
+        begun_as = begun.pop(a.op_id, None)
+        if begun_as is None or s is None or s.exited:
             return
+        key, device = begun_as
         try:
             if a.work is None:
                 s.send(_wire.end(s.pid, s.rank, key[0].id, key[1], time.time_ns()))
             else:
-                _finish(s, a.work, key)
+                _finish(s, a.work, key, device)
         except Exception:
             pass
 
@@ -535,13 +554,15 @@ def _method_wrapper(dist, orig, op):
             peer = None
             if p2p:
                 peer = args[1] if len(args) > 1 else kwargs.get("dstRank", kwargs.get("srcRank"))
-            key = _begin(st, dist, self, op, peer, _nbytes(args[0] if args else None))
+            first = args[0] if args else None
+            key = _begin(st, dist, self, op, peer, _nbytes(first))
+            device = _on_device(first)
         except Exception:
             key = None
         work = orig(self, *args, **kwargs)
         if key is not None:
             try:
-                _finish(st, work, key)
+                _finish(st, work, key, device)
             except Exception:
                 pass
         return work

@@ -136,13 +136,22 @@ pub fn allreduce(nccl_seq: u64, count: usize) -> DescrV5 {
 
 /// A send of `count` bf16 to `peer`.
 pub fn send(count: usize, peer: i32) -> DescrV5 {
+    p2p(c"Send", count, peer)
+}
+
+/// A receive of `count` bf16 from `peer`.
+pub fn recv(count: usize, peer: i32) -> DescrV5 {
+    p2p(c"Recv", count, peer)
+}
+
+fn p2p(func: &'static std::ffi::CStr, count: usize, peer: i32) -> DescrV5 {
     DescrV5 {
         type_: event::P2P,
         parentObj: ptr::null_mut(),
         rank: 0,
         u: DescrUnionV5 {
             p2p: P2pV5 {
-                func: c"Send".as_ptr(),
+                func: func.as_ptr(),
                 buff: ptr::null_mut(),
                 datatype: c"ncclBfloat16".as_ptr(),
                 count,
