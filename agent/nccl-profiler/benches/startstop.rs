@@ -4,7 +4,8 @@
 //!
 //! `cargo bench -p warden-nccl-profiler --bench startstop`. Prints the median and
 //! percentiles of ns per start+stop pair over batches of 1,000 pairs; also the cost with
-//! two ProxyOp children per collective (the default mask's completion path), and, for
+//! two ProxyOp children per collective (the default mask's completion path), a p2p
+//! send's start+stop (numbered per peer and direction: sends to eight peers in turn), and, for
 //! reading the numbers against the machine's state, one CLOCK_REALTIME read (a pair
 //! takes two) measured the same way in the same run.
 #![allow(unsafe_code)] // the entry points are C function pointers
@@ -16,7 +17,7 @@ mod counting;
 
 use std::time::Instant;
 
-use common::{Comm, allreduce, my_pid, proxy_op, stop};
+use common::{Comm, allreduce, my_pid, proxy_op, send, stop};
 use warden_nccl_profiler::shm::now_ns;
 
 #[global_allocator]
@@ -80,6 +81,19 @@ fn main() {
     }
     let allocs_children = counting::allocations() - before_children;
 
+    let mut sends: Vec<_> = (1..=8).map(|peer| send(1 << 20, peer)).collect();
+    let mut p2p = Vec::with_capacity(BATCHES);
+    let before_p2p = counting::allocations();
+    for _ in 0..BATCHES {
+        let t = Instant::now();
+        for i in 0..BATCH {
+            let h = c.start(&mut sends[(i % 8) as usize]);
+            stop(h);
+        }
+        p2p.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
+    }
+    let allocs_p2p = counting::allocations() - before_p2p;
+
     let mut clock = Vec::with_capacity(BATCHES);
     let mut sink = 0i64;
     for _ in 0..BATCHES {
@@ -93,9 +107,10 @@ fn main() {
 
     let median = report("Coll start+stop", plain);
     report("Coll start+stop with 2 ProxyOp children", children);
+    report("P2p send start+stop (8 peers in turn)", p2p);
     report("reference: one CLOCK_REALTIME read", clock);
     println!(
-        "allocations during the measured loops: {allocs} (plain), {allocs_children} (with children)"
+        "allocations during the measured loops: {allocs} (plain), {allocs_children} (with children), {allocs_p2p} (p2p)"
     );
     let s = c.read();
     println!(
@@ -106,7 +121,11 @@ fn main() {
         s.counters.dropped_writes
     );
     c.finalize();
-    assert_eq!(allocs + allocs_children, 0, "the event path allocated");
+    assert_eq!(
+        allocs + allocs_children + allocs_p2p,
+        0,
+        "the event path allocated"
+    );
     if median > 100.0 {
         println!("note: median above the 100 ns target");
     }
