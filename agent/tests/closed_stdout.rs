@@ -1,7 +1,9 @@
 //! The `warden-agent` binary when nobody reads its stdout (`warden-agent --check-config
 //! | head`): it ends quietly with status 0, never with a panic's backtrace.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
+
+use warden_testkit::pipe::{assert_quiet_end, into_a_closed_pipe};
 
 fn agent() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_warden-agent"));
@@ -13,20 +15,6 @@ fn agent() -> Command {
         .stdin(Stdio::null())
         .stderr(Stdio::piped());
     c
-}
-
-/// Run `cmd` with stdout a pipe whose reading end is already closed: its first write
-/// fails with EPIPE, every time.
-fn into_a_closed_pipe(cmd: &mut Command) -> Output {
-    let (reader, writer) = std::io::pipe().expect("pipe");
-    drop(reader);
-    cmd.stdout(writer).output().expect("runs")
-}
-
-fn assert_quiet_end(what: &str, out: &Output) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{what} panicked:\n{stderr}");
-    assert_eq!(out.status.code(), Some(0), "{what}:\n{stderr}");
 }
 
 #[test]

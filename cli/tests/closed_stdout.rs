@@ -4,7 +4,9 @@
 use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
+
+use warden_testkit::pipe::{assert_quiet_end, into_a_closed_pipe};
 
 fn warden(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_warden"));
@@ -13,20 +15,6 @@ fn warden(args: &[&str]) -> Command {
         .stdin(Stdio::null())
         .stderr(Stdio::piped());
     c
-}
-
-/// Run `cmd` with stdout a pipe whose reading end is already closed: its first write
-/// fails with EPIPE, every time.
-fn into_a_closed_pipe(mut cmd: Command) -> Output {
-    let (reader, writer) = std::io::pipe().expect("pipe");
-    drop(reader);
-    cmd.stdout(writer).output().expect("runs")
-}
-
-fn assert_quiet_end(what: &str, out: &Output) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{what} panicked:\n{stderr}");
-    assert_eq!(out.status.code(), Some(0), "{what}:\n{stderr}");
 }
 
 fn scenario(name: &str) -> String {
@@ -38,7 +26,7 @@ fn scenario(name: &str) -> String {
 
 #[test]
 fn sim_into_a_closed_stdout_ends_quietly() {
-    let out = into_a_closed_pipe(warden(&[
+    let out = into_a_closed_pipe(&mut warden(&[
         "sim",
         "--scenario",
         &scenario("xid-79-fallen-off-bus.yaml"),
@@ -49,7 +37,7 @@ fn sim_into_a_closed_stdout_ends_quietly() {
 #[test]
 fn version_and_help_into_a_closed_stdout_end_quietly() {
     for args in [&["version"][..], &["--help"], &["sim", "--help"]] {
-        assert_quiet_end(&args.join(" "), &into_a_closed_pipe(warden(args)));
+        assert_quiet_end(&args.join(" "), &into_a_closed_pipe(&mut warden(args)));
     }
 }
 
@@ -69,7 +57,7 @@ fn diagnose_into_a_closed_stdout_ends_quietly() {
         if json {
             args.push("--json");
         }
-        assert_quiet_end(&args.join(" "), &into_a_closed_pipe(warden(&args)));
+        assert_quiet_end(&args.join(" "), &into_a_closed_pipe(&mut warden(&args)));
     }
 }
 
@@ -77,7 +65,7 @@ fn diagnose_into_a_closed_stdout_ends_quietly() {
 fn demo_into_a_closed_stdout_stops_quietly() {
     // Once stdout cannot be written the demo stops at its next step (removing its data
     // directory on the way out) instead of panicking or running on.
-    let out = into_a_closed_pipe(warden(&["demo", "--speed", "1000", "--no-api"]));
+    let out = into_a_closed_pipe(&mut warden(&["demo", "--speed", "1000", "--no-api"]));
     assert_quiet_end("demo", &out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last = stderr
@@ -123,9 +111,9 @@ fn operator_commands_into_a_closed_stdout_end_quietly() {
         let args = [
             "whoami", "--server", &server, "--token", "t", "--output", output,
         ];
-        assert_quiet_end(&args.join(" "), &into_a_closed_pipe(warden(&args)));
+        assert_quiet_end(&args.join(" "), &into_a_closed_pipe(&mut warden(&args)));
     }
     let server = canned_server("[]", 1);
     let args = ["nodes", "--server", &server, "--token", "t"];
-    assert_quiet_end("nodes", &into_a_closed_pipe(warden(&args)));
+    assert_quiet_end("nodes", &into_a_closed_pipe(&mut warden(&args)));
 }

@@ -2,7 +2,9 @@
 //! openapi | head`): it ends quietly with status 0, never with a panic's backtrace.
 
 use std::io::Read as _;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
+
+use warden_testkit::pipe::{assert_quiet_end, into_a_closed_pipe};
 
 fn controller(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_warden-controller"));
@@ -13,23 +15,12 @@ fn controller(args: &[&str]) -> Command {
     c
 }
 
-/// Run `cmd` with stdout a pipe whose reading end is already closed: its first write
-/// fails with EPIPE, every time.
-fn into_a_closed_pipe(mut cmd: Command) -> Output {
-    let (reader, writer) = std::io::pipe().expect("pipe");
-    drop(reader);
-    cmd.stdout(writer).output().expect("runs")
-}
-
-fn assert_quiet_end(what: &str, out: &Output) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("panicked"), "{what} panicked:\n{stderr}");
-    assert_eq!(out.status.code(), Some(0), "{what}:\n{stderr}");
-}
-
 #[test]
 fn openapi_into_a_closed_stdout_ends_quietly() {
-    assert_quiet_end("openapi", &into_a_closed_pipe(controller(&["openapi"])));
+    assert_quiet_end(
+        "openapi",
+        &into_a_closed_pipe(&mut controller(&["openapi"])),
+    );
 }
 
 #[test]
@@ -54,6 +45,8 @@ fn openapi_read_in_part_ends_quietly() {
 
 #[test]
 fn token_into_a_closed_stdout_ends_quietly() {
-    let out = into_a_closed_pipe(controller(&["token", "--name", "ci", "--role", "viewer"]));
+    let out = into_a_closed_pipe(&mut controller(&[
+        "token", "--name", "ci", "--role", "viewer",
+    ]));
     assert_quiet_end("token", &out);
 }

@@ -10,6 +10,8 @@
 //! Deadlines are multiplied by `WARDEN_TEST_PATIENCE` (a positive number, default 1), so
 //! a slower machine can be given more time without touching a test.
 
+pub mod pipe;
+
 use std::time::{Duration, Instant};
 
 /// How long a test waits for something that normally takes a second or two: long enough
