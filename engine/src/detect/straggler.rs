@@ -214,6 +214,17 @@ fn two_node_change(
     w: Window<'_>,
     cap: f64,
 ) -> Option<(u32, f64, f64, Vec<u32>, u32)> {
+    // Only a job on exactly two nodes: a large job stops at its third node, before any
+    // rank's samples are read (this runs on every pass of the detector).
+    let mut nodes_seen: Vec<u32> = Vec::with_capacity(3);
+    for r in w.job.ranks.values() {
+        if r.node != NO_NODE && !nodes_seen.contains(&r.node) {
+            nodes_seen.push(r.node);
+            if nodes_seen.len() > 2 {
+                return None;
+            }
+        }
+    }
     let mut by_node: std::collections::BTreeMap<u32, Vec<RankChange>> = Default::default();
     for (i, r) in w.job.ranks.iter() {
         if !r.alive() || r.node == NO_NODE {
