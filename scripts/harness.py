@@ -1,15 +1,16 @@
 """The harness the real-job scripts share (scripts/gpu-check, scripts/job-matrix): a
-controller and two node agents on this machine, and torchrun jobs of
-integrations/python/examples/train_ddp.py reporting to them.
+controller and two node agents on this machine (or one, with `nodes` 1), and torchrun
+jobs of integrations/python/examples/train_ddp.py reporting to them.
 
 `args` is the scripts' parsed command line: `bin` (the folder with warden-controller and
 warden-agent), `out` (logs), `backend` (gloo or nccl), `python` (the Python with torch)
 and, optionally, `launch`: "rank" (one torchrun per rank, each its own NCCL host; the
 default) or "node" (one torchrun per node with its ranks, as a cluster runs a job), and
 `flush_ms`: the agents' flush interval (default 100 ms; None for the agent's default),
-and `tail_logs`: the agents follow the jobs' logs (each launch's output, in
-`out/<node>/logs/<job>/`), read each rank's `step N loss X` lines and torchrun's
-failure reports, as they would a job that nothing else reports on.
+`nodes`: how many of NODES take part (default 2; with 1, every rank is on node-a and
+reports to its one agent), and `tail_logs`: the agents follow the jobs' logs (each
+launch's output, in `out/<node>/logs/<job>/`), read each rank's `step N loss X` lines
+and torchrun's failure reports, as they would a job that nothing else reports on.
 """
 
 import json
@@ -23,6 +24,17 @@ import urllib.request
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(REPO, "integrations/python/examples/train_ddp.py")
 NODES = ["node-a", "node-b"]
+
+
+def nodes_of_args(args):
+    """The nodes taking part: the first `args.nodes` of NODES (default both)."""
+    return NODES[: getattr(args, "nodes", len(NODES))]
+
+
+def node_of_rank(nodes, ranks, r):
+    """The node of rank `r` of `ranks`, split evenly over `nodes`, the first share on the
+    first node."""
+    return nodes[r * len(nodes) // ranks]
 
 
 def free_port():
@@ -106,6 +118,7 @@ class Cluster:
         self.out = args.out
         self.port = free_port()
         self.agents = {}
+        self.nodes = nodes_of_args(args)
         procs.start(
             [os.path.join(args.bin, "warden-controller"), "--listen", "127.0.0.1:%d" % self.port,
              "--data-dir", os.path.join(self.out, "controller-data")],
@@ -117,7 +130,7 @@ class Cluster:
         # The agents' flush interval: `flush_ms` (ms), or the agent's default when None.
         flush_ms = getattr(args, "flush_ms", 100)
         flush = "  flush_interval_ms: %d\n" % flush_ms if flush_ms is not None else ""
-        for node in NODES:
+        for node in self.nodes:
             d = os.path.join(self.out, node)
             os.makedirs(os.path.join(d, "shm"), exist_ok=True)
             open(os.path.join(d, "kern.log"), "w").close()
@@ -127,8 +140,8 @@ class Cluster:
             logs = ""
             if getattr(args, "tail_logs", False):
                 # The node's share of the ranks: torchrun's `[default1]:` prefix is a
-                # local rank, and node-b's local rank 0 is rank ranks/2.
-                offset = NODES.index(node) * (getattr(args, "ranks", 4) // 2)
+                # local rank, and node-b's local rank 0 is rank ranks/2 (one node: 0).
+                offset = self.nodes.index(node) * (getattr(args, "ranks", 4) // len(self.nodes))
                 logs = (
                     "logs:\n  sources:\n"
                     "    - paths: [\"%s/logs/*/*.log\"]\n"
@@ -162,8 +175,9 @@ class Cluster:
 
 
 class Job:
-    """One torchrun launch per rank (each its own NCCL host); ranks split over the two
-    nodes, the first half on node-a."""
+    """One torchrun launch per rank (each its own NCCL host), or per node with
+    `launch` "node"; ranks split evenly over the cluster's nodes, the first share on
+    node-a (with one node, all of them)."""
 
     def __init__(self, cluster, name, ranks, train_args, plugin, extra_env=None):
         self.cluster = cluster
@@ -176,8 +190,9 @@ class Job:
         a = cluster.args
         per_node = getattr(a, "launch", "rank") == "node"
         self.ranks = ranks
-        for r in range(2 if per_node else ranks):
-            node = NODES[r] if per_node else NODES[0] if r < ranks // 2 else NODES[1]
+        nodes = cluster.nodes
+        for r in range(len(nodes) if per_node else ranks):
+            node = nodes[r] if per_node else node_of_rank(nodes, ranks, r)
             d = os.path.join(cluster.out, node)
             env = dict(os.environ)
             env.update({
@@ -200,8 +215,9 @@ class Job:
                 env.pop("NCCL_HOSTID")
             # With the logs followed, each line of a rank says its local rank (`--tee`).
             tee = ["--tee=3"] if getattr(a, "tail_logs", False) else []
-            cmd = [a.python, "-m", "torch.distributed.run", "--nnodes=%d" % (2 if per_node else ranks),
-                   "--node-rank=%d" % r, "--nproc-per-node=%d" % (ranks // 2 if per_node else 1),
+            launches = len(nodes) if per_node else ranks
+            cmd = [a.python, "-m", "torch.distributed.run", "--nnodes=%d" % launches,
+                   "--node-rank=%d" % r, "--nproc-per-node=%d" % (ranks // launches),
                    "--master-addr=127.0.0.1",
                    "--master-port=" + master, "--monitor-interval=0.1"] + tee + [TRAIN,
                    "--backend", a.backend, "--pid-dir", self.work] + train_args
@@ -262,7 +278,7 @@ class Job:
     def log(self, rank):
         """The log of `rank`'s launch (per node: its node's, every rank of it)."""
         per_node = getattr(self.cluster.args, "launch", "rank") == "node"
-        node = NODES[0] if rank < self.ranks // 2 else NODES[1]
+        node = node_of_rank(self.cluster.nodes, self.ranks, rank)
         name = node if per_node else "rank%d" % rank
         try:
             with open(os.path.join(self.cluster.out, node, "logs", self.name, name + ".log"),

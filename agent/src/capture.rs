@@ -23,10 +23,13 @@
 //! | 2 comm  | comm `u64`, size `u32`, rank in comm `u32`, name: `u16` length + UTF-8 |
 //! | 3 start | comm `u64`, seq `u64`, op `u32` (wire `CollOp`), bytes `u64`, at `i64` ns |
 //! | 4 end   | comm `u64`, seq `u64`, at `i64` ns |
-//! | 5 step  | step `u64`, at `i64` ns, flags `u32` (1 loss, 2 grad norm, 4 tokens/s), loss `f64`, grad norm `f64`, tokens/s `f64` |
+//! | 5 step  | step `u64`, at `i64` ns, flags `u32` (1 loss, 2 grad norm, 4 tokens/s, 8 op index), loss `f64`, grad norm `f64`, tokens/s `f64`; with flag 8, op index `u32` |
 //! | 6 exit  | code `i32`, at `i64` ns, message: `u16` length + UTF-8 |
 //!
-//! Times are the sender's `CLOCK_REALTIME`, the same clock the agent stamps with.
+//! Times are the sender's `CLOCK_REALTIME`, the same clock the agent stamps with. Bytes
+//! after a message's body and flags this agent does not know are ignored, so a sender
+//! may append fields behind a new flag: an agent that predates flag 8 reads such a step
+//! as before and drops the op index.
 
 use std::collections::HashMap;
 use std::io;
@@ -37,7 +40,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use warden_model::wire::{
-    CollectiveEvent, CommInfo, LogRecord, LogStream, ProcessState, RankInfo, TrainingMetric,
+    CollectiveEvent, CommInfo, LogRecord, LogStream, MAX_OP_INDEX, ProcessState, RankInfo,
+    TrainingMetric,
 };
 
 use crate::progress::Progress;
@@ -53,6 +57,8 @@ pub const HEADER_LEN: usize = 12;
 const MAX_PROCESSES: usize = 4096;
 /// Longest job id accepted, bytes.
 const MAX_JOB_LEN: usize = 253;
+/// Step flag: an op index `u32` follows the step's three numbers.
+pub const STEP_OP_INDEX: u32 = 8;
 
 /// One decoded message.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,6 +122,10 @@ pub enum Message {
         grad_norm: Option<f64>,
         /// Throughput.
         tokens_per_s: Option<f64>,
+        /// With warden_torch's input check: the index, from 0, among the process's
+        /// collective operations since its previous step, of the first whose input held
+        /// a NaN or infinity (not yet bounded: [`Capture::handle`] checks it).
+        first_nonfinite_op: Option<u32>,
     },
     /// The process is exiting.
     Exit {
@@ -238,12 +248,18 @@ pub fn decode(d: &[u8]) -> Result<(u32, u32, Message), DecodeError> {
             let flags = f.u32()?;
             let (loss, grad, tps) = (f.f64()?, f.f64()?, f.f64()?);
             let pick = |bit: u32, v: f64| (flags & bit != 0).then_some(v);
+            let first_nonfinite_op = if flags & STEP_OP_INDEX != 0 {
+                Some(f.u32()?)
+            } else {
+                None
+            };
             Message::Step {
                 step,
                 at_ns,
                 loss: pick(1, loss),
                 grad_norm: pick(2, grad),
                 tokens_per_s: pick(4, tps),
+                first_nonfinite_op,
             }
         }
         6 => Message::Exit {
@@ -530,17 +546,28 @@ impl Capture {
                 loss,
                 grad_norm,
                 tokens_per_s,
-            } => self.progress.metric(
-                &job,
-                TrainingMetric {
-                    rank,
-                    step,
-                    at_ns,
-                    loss,
-                    grad_norm,
-                    tokens_per_s,
-                },
-            ),
+                first_nonfinite_op,
+            } => {
+                // An op index past the bound is no index: the step's numbers go on
+                // without it, and the message counts as invalid.
+                let bounded = first_nonfinite_op.filter(|&op| op <= MAX_OP_INDEX);
+                self.progress.metric(
+                    &job,
+                    TrainingMetric {
+                        rank,
+                        step,
+                        at_ns,
+                        loss,
+                        grad_norm,
+                        tokens_per_s,
+                        first_nonfinite_op: bounded,
+                    },
+                );
+                if bounded != first_nonfinite_op {
+                    tracing::debug!(job = %job, rank, ?first_nonfinite_op, "capture: op index out of bounds, dropped");
+                    return "invalid";
+                }
+            }
             Message::Exit {
                 code,
                 at_ns,
@@ -1023,6 +1050,85 @@ mod tests {
         utf.extend(2u16.to_le_bytes());
         utf.extend([0xff, 0xfe]);
         assert_eq!(decode(&utf), Err(DecodeError::Text));
+    }
+
+    fn step_msg(pid: u32, rank: u32, step_no: u64, flags: u32, tail: &[u8]) -> Vec<u8> {
+        let mut d = header(5, pid, rank);
+        d.extend(step_no.to_le_bytes());
+        d.extend(5i64.to_le_bytes());
+        d.extend(flags.to_le_bytes());
+        d.extend(2.0f64.to_le_bytes());
+        d.extend(f64::NAN.to_le_bytes());
+        d.extend(0f64.to_le_bytes());
+        d.extend(tail);
+        d
+    }
+
+    fn op_of(d: &[u8]) -> Result<Option<u32>, DecodeError> {
+        match decode(d)? {
+            (
+                _,
+                _,
+                Message::Step {
+                    first_nonfinite_op, ..
+                },
+            ) => Ok(first_nonfinite_op),
+            (_, _, m) => panic!("not a step: {m:?}"),
+        }
+    }
+
+    #[test]
+    fn a_step_carries_its_op_index_behind_flag_8_and_refuses_it_cut_short() {
+        assert_eq!(
+            op_of(&step_msg(1, 1, 7, 3 | 8, &12u32.to_le_bytes())),
+            Ok(Some(12))
+        );
+        assert_eq!(
+            op_of(&step_msg(1, 1, 7, 3, &[])),
+            Ok(None),
+            "a step of before"
+        );
+        let cut = step_msg(1, 1, 7, 3 | 8, &12u32.to_le_bytes());
+        for n in cut.len() - 4..cut.len() {
+            assert_eq!(op_of(&cut[..n]), Err(DecodeError::Truncated), "{n} bytes");
+        }
+    }
+
+    #[test]
+    fn unknown_step_flags_and_trailing_bytes_are_ignored() {
+        // What lets a sender add a field behind a new flag: an agent that does not
+        // know the flag reads the rest as before (as one predating flag 8 reads it).
+        let later = step_msg(1, 1, 7, 3 | 16 | 32, &[0xAB; 12]);
+        assert_eq!(op_of(&later), Ok(None));
+        let with_op = step_msg(1, 1, 7, 3 | 8 | 16, &[9, 0, 0, 0, 0xAB, 0xAB]);
+        assert_eq!(op_of(&with_op), Ok(Some(9)));
+    }
+
+    #[test]
+    fn an_op_index_past_the_bound_is_dropped_and_counted_invalid_but_the_step_stays() {
+        let procs = fake_proc(&[(42, "42 (python3) S 1 2 3")]);
+        let progress = Progress::default();
+        let mut cap = Capture::new(progress.clone(), procs.path());
+        cap.handle(&hello(42, 3, "job-1"), 1);
+        let fine = step_msg(42, 3, 7, 3 | 8, &MAX_OP_INDEX.to_le_bytes());
+        assert_eq!(cap.handle(&fine, 2), "step");
+        let wild = step_msg(42, 3, 8, 3 | 8, &(MAX_OP_INDEX + 1).to_le_bytes());
+        assert_eq!(cap.handle(&wild, 3), "invalid");
+        let mut pending = Pending::default();
+        progress.flush(1_000, &mut pending);
+        let jobs = pending.take_jobs();
+        let got: Vec<_> = jobs[0]
+            .metrics
+            .iter()
+            .map(|m| {
+                (
+                    m.step,
+                    m.grad_norm.is_some_and(f64::is_nan),
+                    m.first_nonfinite_op,
+                )
+            })
+            .collect();
+        assert_eq!(got, [(7, true, Some(MAX_OP_INDEX)), (8, true, None)]);
     }
 
     #[test]

@@ -44,12 +44,14 @@ pub struct Pending {
 /// whose every rank reports a NaN each step flushes this often, not once per record).
 pub const URGENT_GAP: Duration = Duration::from_millis(50);
 
-/// A record detection needs at once: a non-finite loss or gradient norm.
+/// A record detection needs at once: a non-finite loss or gradient norm, or a
+/// non-finite input to a collective (warden_torch's input check).
 pub(crate) fn urgent_metric(m: &TrainingMetric) -> bool {
-    [m.loss, m.grad_norm]
-        .into_iter()
-        .flatten()
-        .any(|v| !v.is_finite())
+    m.first_nonfinite_op.is_some()
+        || [m.loss, m.grad_norm]
+            .into_iter()
+            .flatten()
+            .any(|v| !v.is_finite())
 }
 
 /// A process that exited or stopped: a crash or a hang's culprit.
@@ -875,6 +877,16 @@ mod tests {
         // A finite loss waits for the flush interval.
         let got = delivered_after(|p| p.metric("j", metric(0.5)), Duration::from_secs(5)).await;
         assert!(got.iter().all(|b| b.jobs.is_empty()), "{got:?}");
+
+        // A non-finite collective input (the input check) is a NaN on its way: at once.
+        let fed = TrainingMetric {
+            first_nonfinite_op: Some(3),
+            ..metric(0.5)
+        };
+        let got = delivered_after(|p| p.metric("j", fed), URGENT_GAP * 2).await;
+        let sent: Vec<&Batch> = got.iter().filter(|b| !b.jobs.is_empty()).collect();
+        assert_eq!(sent.len(), 1, "{got:?}");
+        assert_eq!(sent[0].jobs[0].metrics[0].first_nonfinite_op, Some(3));
     }
 
     #[tokio::test(start_paused = true)]

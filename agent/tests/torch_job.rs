@@ -401,6 +401,20 @@ fn every_operation_of_real_training_code_is_reported_once() {
     }
 }
 
+/// With `warden_torch`'s input check on, the rank that put a NaN into a gradient
+/// reports the operation that fed it into a reduction at that step and its peer none,
+/// with process-group hooks and with the method wrappers; with it off no step carries
+/// an op index (`integrations/python/tests/check_input_nan.py`).
+#[test]
+fn the_input_check_names_the_rank_that_fed_a_nan_into_a_reduction() {
+    let Some((py, _turn)) = torch_turn() else {
+        return;
+    };
+    for mode in ["hooks", "methods"] {
+        run_check(&py, "check_input_nan.py", &[mode], "passed");
+    }
+}
+
 /// A device work (NCCL) is reported as ended when it ran on the GPU, not when its
 /// future completed at enqueue (`integrations/python/tests/check_device_work.py`: a
 /// stand-in work of that shape; no GPU needed).

@@ -91,6 +91,7 @@ fn batch() -> Batch {
                 loss: Some(2.5),
                 grad_norm: Some(1.0),
                 tokens_per_s: None,
+                first_nonfinite_op: None,
             }],
             processes: vec![],
             logs: vec![],

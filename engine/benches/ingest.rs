@@ -113,6 +113,7 @@ fn node_batch(node: u32, sec: u64, seq: u64) -> Batch {
             loss: Some(2.0 + 1.0 / (1.0 + sec as f64)),
             grad_norm: Some(1.0),
             tokens_per_s: Some(4096.0),
+            first_nonfinite_op: None,
         });
     }
     Batch {

@@ -557,6 +557,63 @@ mod tests {
         assert!(e.job_views().is_empty());
     }
 
+    #[test]
+    fn a_nan_every_rank_reported_at_once_opens_an_incident_naming_the_job_and_no_rank() {
+        use warden_model::wire::TrainingMetric;
+        let t = Timestamp::from_secs_f64(1e9);
+        let mut e = Engine::new(EngineConfig::default(), t);
+        let ranks = (0..2)
+            .map(|rank| RankInfo {
+                rank,
+                world_size: 2,
+                pid: 7 + rank,
+                gpu_index: Some(rank),
+                gpu_uuid: String::new(),
+            })
+            .collect();
+        let metrics = (0..2)
+            .map(|rank| TrainingMetric {
+                rank,
+                step: 10,
+                at_ns: t.0 - 1_000_000,
+                loss: Some(f64::NAN),
+                grad_norm: Some(f64::NAN),
+                ..TrainingMetric::default()
+            })
+            .collect();
+        let body = Batch {
+            node: "node-00".into(),
+            agent_id: "a".into(),
+            boot_id: "b".into(),
+            seq: 1,
+            sent_at_ns: t.0,
+            jobs: vec![JobSignals {
+                job: "j".into(),
+                ranks,
+                metrics,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+        .encode_binary();
+        e.ingest(&body, Encoding::Binary, t).expect("valid batch");
+        let changes = e.tick(t.plus_secs(1.0));
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let views = e.incident_views(None, Some(IncidentKind::Nan), Some("j"));
+        assert_eq!(views.len(), 1);
+        let inc = e.incident(&changes[0].id).expect("incident");
+        assert_eq!(inc.job.as_deref(), Some("j"));
+        assert!(inc.ranks.is_empty() && inc.nodes.is_empty(), "{inc:?}");
+        assert!(inc.summary.contains("rank is unknown"), "{}", inc.summary);
+        let req = e.diagnosis_request(&inc.id).expect("request");
+        assert!(req.culprit_nodes.is_empty());
+        assert_eq!(
+            req.peer_nodes,
+            ["node-00"],
+            "the job's nodes are read instead"
+        );
+    }
+
     fn report(event: &str) -> crate::lifecycle::LifecycleReport {
         crate::lifecycle::parse(
             format!(

@@ -813,6 +813,38 @@ mod tests {
     }
 
     #[test]
+    fn a_nan_that_names_no_rank_opens_an_incident_of_the_job_and_a_named_rank_revises_it() {
+        let mut b = IncidentBook::default();
+        let mut nobody = finding(IncidentKind::Nan, &[], "x", None, 0.0, 0.1);
+        nobody.nodes.clear();
+        nobody.summary = "job j reported a non-finite loss at step 10; the rank is unknown".into();
+        let changes = fold(&mut b, 1.0, vec![nobody.clone()]);
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].change, Change::Opened);
+        let inc = &b.all()[0];
+        assert_eq!(inc.job.as_deref(), Some("j"));
+        assert!(inc.ranks.is_empty() && inc.nodes.is_empty() && inc.gpus.is_empty());
+        assert_eq!(inc.state, IncidentState::Open);
+        assert!(
+            fold(&mut b, 2.0, vec![nobody]).is_empty(),
+            "the same incident"
+        );
+        let named = finding(IncidentKind::Nan, &[3], "node-01", Some(3), 0.0, 0.95);
+        let changes = fold(&mut b, 3.0, vec![named]);
+        assert_eq!(changes.len(), 1);
+        assert_eq!(b.all().len(), 1);
+        assert_eq!(b.all()[0].ranks, [3]);
+        assert!(
+            b.all()[0]
+                .timeline
+                .iter()
+                .any(|e| e.what.starts_with("culprit revised")),
+            "{:?}",
+            b.all()[0].timeline
+        );
+    }
+
+    #[test]
     fn repeated_findings_make_one_incident() {
         let mut b = IncidentBook::default();
         let f = finding(IncidentKind::Straggler, &[40], "node-05", None, 0.0, 0.9);

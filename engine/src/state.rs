@@ -227,6 +227,19 @@ pub struct NonFinite {
     pub received_at: Timestamp,
 }
 
+/// The first collective input a rank found non-finite before the reduction
+/// (warden_torch's input check, `TrainingMetric::first_nonfinite_op`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NonFiniteInput {
+    /// Step whose operations it was among.
+    pub step: u64,
+    /// Index, from 0, among the rank's collective operations since its previous step
+    /// mark.
+    pub op: u32,
+    /// When the step was marked (controller clock).
+    pub at: Timestamp,
+}
+
 /// One compute-time sample: the rank's time outside collectives over one iteration.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ComputeSample {
@@ -271,6 +284,9 @@ pub struct RankState {
     pub grad_norm: Option<f64>,
     /// First non-finite metric.
     pub nonfinite: Option<NonFinite>,
+    /// First non-finite collective input of the current non-finite episode (an earlier
+    /// one that no non-finite metric followed is replaced by a later one).
+    pub nonfinite_input: Option<NonFiniteInput>,
     /// Compute time per iteration, most recent last.
     pub compute: Ring<ComputeSample, COMPUTE_RING>,
     /// Which of `comms` closes an iteration (the least frequent one), once known: the
@@ -280,8 +296,18 @@ pub struct RankState {
     /// steps: its iterations then run from one step mark to the next, whatever number
     /// of collectives, buckets, micro-batches or shards a step holds.
     pub last_mark: Option<(u64, i64)>,
-    /// Collectives completed since the last step mark: (start, end) on its own clock.
-    spans: Vec<(i64, i64)>,
+    /// A step mark whose iteration is not measured yet: (step, when on the rank's own
+    /// clock, when on the controller's). The mark can arrive before the completions of
+    /// the collectives it closes (the NCCL plugin's segments are read every 0.5 s,
+    /// `warden_torch.step()` goes out at once), so the iteration is measured once a
+    /// collective entered after the mark has completed, or at the next mark.
+    pending_mark: Option<(u64, i64, Timestamp)>,
+    /// Length of the first iteration after the first step mark, seconds (its compute is
+    /// not measured).
+    pub first_period: Option<f32>,
+    /// Collectives completed since the last step mark: (start, end) on its own clock,
+    /// communicator and sequence number.
+    spans: Vec<Span>,
     /// Recent gaps between finishing one collective and entering the next, seconds: how
     /// long this rank is normally away from collectives.
     pub gaps: Ring<f32, GAP_RING>,
@@ -308,9 +334,12 @@ impl Default for RankState {
             loss: None,
             grad_norm: None,
             nonfinite: None,
+            nonfinite_input: None,
             compute: Ring::default(),
             anchor: None,
             last_mark: None,
+            pending_mark: None,
+            first_period: None,
             spans: Vec::new(),
             gaps: Ring::default(),
             period_start_ns: 0,
@@ -335,10 +364,46 @@ impl RankState {
         }
     }
 
-    /// A step mark: closes the iteration that began at the previous one. Its compute is
-    /// the time between the marks not covered by any collective (the union of the
-    /// collectives' spans, so overlapping asynchronous ones count once).
+    /// A step mark: it closes the iteration that began at the previous one, measured
+    /// once the collectives it holds have been read ([`RankState::pending_mark`]).
     fn mark_step(&mut self, step: u64, at_ns: i64, at: Timestamp) {
+        let newest = self
+            .pending_mark
+            .map(|(s, _, _)| s)
+            .or(self.last_mark.map(|(s, _)| s));
+        if newest.is_some_and(|prev| step <= prev) {
+            return; // a repeat (non-finite metrics are sent twice) or a stale record
+        }
+        self.settle_mark();
+        if self.last_mark.is_none() {
+            self.close_iteration(step, at_ns, at);
+        } else {
+            self.pending_mark = Some((step, at_ns, at));
+        }
+    }
+
+    /// Measure the iteration of the pending step mark, if there is one.
+    fn settle_mark(&mut self) {
+        if let Some((step, at_ns, at)) = self.pending_mark.take() {
+            self.close_iteration(step, at_ns, at);
+        }
+    }
+
+    /// A collective entered at `start_ns` (own clock) completed: if it was entered after
+    /// the pending step mark, every collective of the mark's iteration has been read.
+    fn entered_after_mark(&mut self, start_ns: i64) {
+        if self
+            .pending_mark
+            .is_some_and(|(_, at_ns, _)| start_ns > at_ns)
+        {
+            self.settle_mark();
+        }
+    }
+
+    /// Close the iteration up to the mark at `at_ns`. Its compute is the time between
+    /// the marks not covered by any collective (the union of the collectives' spans, so
+    /// overlapping asynchronous ones count once).
+    fn close_iteration(&mut self, step: u64, at_ns: i64, at: Timestamp) {
         match self.last_mark {
             // A repeat (non-finite metrics are sent twice) or a stale record.
             Some((prev, _)) if step <= prev => return,
@@ -347,7 +412,13 @@ impl RankState {
                 // steps, a lost batch) give the mean of the steps between them.
                 let steps = step - prev;
                 let period = at_ns - from;
-                if steps <= MAX_STEPS_PER_MARK && !self.period_dirty && period > 0 {
+                // The first iteration after the first mark may lack spans whose records
+                // were applied before that mark (not kept yet): its compute is not
+                // measured, only its length.
+                let first = self.compute.is_empty() && self.first_period.is_none();
+                if first && period > 0 && steps <= MAX_STEPS_PER_MARK {
+                    self.first_period = Some(period as f32 / 1e9 / steps as f32);
+                } else if steps <= MAX_STEPS_PER_MARK && !self.period_dirty && period > 0 {
                     let steps = steps as f32;
                     let busy = covered(&mut self.spans, from, at_ns);
                     self.compute.push(ComputeSample {
@@ -364,7 +435,7 @@ impl RankState {
                 self.anchor = None;
             }
         }
-        self.spans.retain(|&(_, end)| end > at_ns);
+        self.spans.retain(|&(_, end, _, _)| end > at_ns);
         self.last_mark = Some((step, at_ns));
         self.period_dirty = false;
         self.period_wait_ns = 0;
@@ -374,6 +445,8 @@ impl RankState {
     /// perhaps from a checkpoint's.
     fn steps_start_over(&mut self) {
         self.last_mark = None;
+        self.pending_mark = None;
+        self.first_period = None;
         self.spans.clear();
     }
 }
@@ -402,16 +475,20 @@ impl IterationSource {
 /// checkpoint, a counter that is not the step).
 pub const MAX_STEPS_PER_MARK: u64 = 100;
 
-/// Spans of collectives kept per rank between two step marks (16 bytes each); more, and
+/// Spans of collectives kept per rank between two step marks (32 bytes each); more, and
 /// the iteration is not measured.
 pub const MAX_SPANS: usize = 1024;
 
+/// A completed collective in a rank's open step: start and end on its own clock, its
+/// communicator and sequence number.
+type Span = (i64, i64, u32, u64);
+
 /// Nanoseconds of `[from, to)` covered by the union of `spans` (sorted in place).
-fn covered(spans: &mut [(i64, i64)], from: i64, to: i64) -> i64 {
+fn covered(spans: &mut [Span], from: i64, to: i64) -> i64 {
     spans.sort_unstable();
     let mut total = 0;
     let mut reach = from;
-    for &(s, e) in spans.iter() {
+    for &(s, e, _, _) in spans.iter() {
         let s = s.max(reach);
         let e = e.min(to);
         if e > s {
@@ -793,6 +870,31 @@ impl JobState {
         })
     }
 
+    /// Whether every member of `c` is known to be on one node.
+    pub fn inside_one_node(&self, c: &CommState) -> bool {
+        let node = |r: u32| self.ranks.get(r).map_or(NO_NODE, |x| x.node);
+        let Some(first) = c.members.first().map(|m| node(m.rank)) else {
+            return false;
+        };
+        first != NO_NODE && c.members.len() > 1 && c.members.iter().all(|m| node(m.rank) == first)
+    }
+
+    /// Whether rank `r` entered, in a communicator it shares with rank `p`, an
+    /// operation that `p` never entered.
+    pub fn entered_what_peer_never_did(&self, r: u32, p: u32) -> bool {
+        let (Some(rank), Some(peer)) = (self.ranks.get(r), self.ranks.get(p)) else {
+            return false;
+        };
+        rank.comms.iter().any(|&(ci, s)| {
+            peer.comms.iter().any(|&(pci, ps)| {
+                pci == ci && {
+                    let c = &self.comms[ci as usize];
+                    c.members[s as usize].last_started_seq > c.members[ps as usize].last_started_seq
+                }
+            })
+        })
+    }
+
     /// A high quantile (the 90th percentile) of rank `r`'s recent gaps between
     /// collectives, seconds; `None` until it has a few.
     pub fn usual_gap(&self, r: u32) -> Option<f64> {
@@ -851,7 +953,7 @@ impl JobState {
             .values()
             .filter_map(|r| {
                 let mut p: Vec<f64> = r.compute.recent(5).map(|s| f64::from(s.period)).collect();
-                median(&mut p)
+                median(&mut p).or(r.first_period.map(f64::from))
             })
             .collect();
         median(&mut v)
@@ -908,7 +1010,7 @@ const COMM_COST: usize = std::mem::size_of::<CommState>() + warden_model::wire::
 /// What one rank's membership of a communicator costs.
 const MEMBER_COST: usize = std::mem::size_of::<Member>() + 8;
 /// What one kept span of the open step costs.
-const SPAN_COST: usize = 16;
+const SPAN_COST: usize = 32;
 
 /// Bytes of a job's state as the budget counts them.
 fn job_bytes(j: &JobState) -> usize {
@@ -1598,6 +1700,7 @@ fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestam
             r.peer_symptom = false;
             r.timed_out = None;
             r.nonfinite = None;
+            r.nonfinite_input = None;
         }
         r.pid = info.pid;
     }
@@ -1618,6 +1721,57 @@ fn apply_comm_info(job: &mut JobState, info: &CommInfo) {
         }
     }
     job.slot(ci, info.rank);
+}
+
+/// Largest communicator whose members' entries correct each other's spans.
+const MAX_INSIDE_NODE_MEMBERS: usize = 16;
+
+/// A collective cannot complete before its last member entered it. Inside one node the
+/// NCCL plugin's default mask reports the enqueue as the completion (no proxy
+/// operations there), so in a communicator whose members share a node (and so a clock),
+/// a member's entry of `ev.seq` extends the other members' spans of it, and the latest
+/// entry of it seen so far is returned to extend this one's (0 where there is none or
+/// the communicator spans nodes).
+fn waited_inside_node(
+    job: &mut JobState,
+    ci: u32,
+    slot: u32,
+    ev: &CollectiveEvent,
+    offset: i64,
+) -> i64 {
+    let c = &job.comms[ci as usize];
+    if c.members.len() > MAX_INSIDE_NODE_MEMBERS || c.members.len() < 2 {
+        return 0;
+    }
+    let node = |r: u32| job.ranks.get(r).map_or(NO_NODE, |x| x.node);
+    let first = node(c.members[0].rank);
+    if first == NO_NODE || c.members.iter().any(|m| node(m.rank) != first) {
+        return 0;
+    }
+    let mut peers: [u32; MAX_INSIDE_NODE_MEMBERS] = [0; MAX_INSIDE_NODE_MEMBERS];
+    let mut n = 0;
+    let mut latest = 0;
+    for (k, m) in c.members.iter().enumerate() {
+        if k as u32 == slot {
+            continue;
+        }
+        peers[n] = m.rank;
+        n += 1;
+        if m.last_started_seq == ev.seq {
+            // Same node, same agent: back to the agent's clock.
+            latest = latest.max(m.last_started_at.0.saturating_add(offset));
+        }
+    }
+    for &p in &peers[..n] {
+        if let Some(r) = job.ranks.get_mut(p) {
+            for span in r.spans.iter_mut().rev().take(32) {
+                if span.2 == ci && span.3 == ev.seq && span.1 < ev.start_ns {
+                    span.1 = ev.start_ns;
+                }
+            }
+        }
+    }
+    latest
 }
 
 /// Apply one collective record; false when it was stale or a duplicate.
@@ -1643,6 +1797,7 @@ fn apply_collective(
                 .push(start.secs_since(before) as f32);
         }
     }
+    let last_peer_entry = waited_inside_node(job, ci, slot, ev, offset);
     let comm = &mut job.comms[ci as usize];
     comm.op = ev.op;
     comm.bytes = ev.bytes;
@@ -1698,9 +1853,11 @@ fn apply_collective(
     rank.last_seen = now;
     rank.period_dirty |= gap;
     if rank.last_mark.is_some() {
+        rank.entered_after_mark(ev.start_ns);
         // Iterations come from step marks: keep the span for the step it falls in.
         if rank.spans.len() < MAX_SPANS && job.budget.bytes >= SPAN_COST {
-            rank.spans.push((ev.start_ns, ev.end_ns));
+            rank.spans
+                .push((ev.start_ns, ev.end_ns.max(last_peer_entry), ci, ev.seq));
             job.budget.bytes -= SPAN_COST;
         } else {
             rank.period_dirty = true;
@@ -1790,6 +1947,30 @@ fn apply_metric(job: &mut JobState, m: &TrainingMetric, offset: i64, now: Timest
             .is_none_or(|old| (nf.step, nf.stage) < (old.step, old.stage));
         if earlier {
             r.nonfinite = Some(nf);
+        }
+    }
+    if let Some(op) = m.first_nonfinite_op {
+        let input = NonFiniteInput {
+            step: m.step,
+            op,
+            at: Timestamp(m.at_ns.saturating_sub(offset)),
+        };
+        let keep = match r.nonfinite_input {
+            None => true,
+            // A non-finite input that no non-finite loss or gradient norm followed
+            // within a step was a blip (a loss-scaled fp16 overflow the optimizer
+            // skipped): a later one starts a new episode.
+            Some(old)
+                if input.step > old.step.saturating_add(1)
+                    && r.nonfinite
+                        .is_none_or(|n| n.step > old.step.saturating_add(1)) =>
+            {
+                true
+            }
+            Some(old) => (input.step, input.op) < (old.step, old.op),
+        };
+        if keep {
+            r.nonfinite_input = Some(input);
         }
     }
 }

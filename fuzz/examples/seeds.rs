@@ -171,6 +171,7 @@ fn sample_batches() -> Vec<(&'static str, Batch)> {
                 loss: Some(2.5),
                 grad_norm: Some(1.0),
                 tokens_per_s: Some(12_000.0),
+                first_nonfinite_op: None,
             },
             TrainingMetric {
                 rank: 1,
@@ -179,6 +180,7 @@ fn sample_batches() -> Vec<(&'static str, Batch)> {
                 loss: Some(f64::NAN),
                 grad_norm: Some(f64::INFINITY),
                 tokens_per_s: None,
+                first_nonfinite_op: Some(3),
             },
         ],
         processes: vec![ProcessState {

@@ -22,7 +22,7 @@ use warden_engine::{Engine, EngineConfig};
 use warden_model::Timestamp;
 use warden_model::wire::{
     Batch, CollectiveEvent, CommInfo, Heartbeat, JobSignals, LogRecord, MAX_RANK,
-    MAX_WORLD_SIZE, NodeEvent, ProcessState, RankInfo, TrainingMetric,
+    MAX_OP_INDEX, MAX_WORLD_SIZE, NodeEvent, ProcessState, RankInfo, TrainingMetric,
 };
 
 /// Reads the input as a stream of choices; zeros once it runs out.
@@ -130,6 +130,7 @@ fn batch(c: &mut Choices, seq: u64) -> Batch {
                 loss: Some(c.float()),
                 grad_norm: Some(c.float()),
                 tokens_per_s: None,
+                first_nonfinite_op: (c.byte() % 2 == 0).then(|| c.u32() % (MAX_OP_INDEX + 1)),
             });
             js.processes.push(ProcessState {
                 rank,

@@ -356,6 +356,12 @@ pub struct TrainingMetric {
     #[prost(double, optional, tag = "6")]
     #[serde(with = "nonfinite")]
     pub tokens_per_s: Option<f64>,
+    /// With warden_torch's input check: the index, from 0, among this rank's collective
+    /// operations since its previous step mark, of the first whose input held a NaN or
+    /// infinity before reduction; none when the check is off or every input was finite.
+    /// At most `MAX_OP_INDEX` (2^20).
+    #[prost(uint32, optional, tag = "7")]
+    pub first_nonfinite_op: Option<u32>,
 }
 
 /// A rank's process started, stopped, continued or exited.
@@ -571,6 +577,9 @@ pub const MAX_JOBS_PER_BATCH: usize = 64;
 pub const MAX_GPU_INDEX: u32 = 64;
 /// Longest agent id, boot id, communicator name or collector name accepted.
 pub const MAX_ID_LEN: usize = 128;
+/// Largest `TrainingMetric::first_nonfinite_op` accepted: more collective operations
+/// than any rank issues in one step (a step of a large model issues thousands).
+pub const MAX_OP_INDEX: u32 = 1 << 20;
 
 impl Batch {
     /// Binary form: envelope + protobuf.
@@ -772,6 +781,13 @@ impl Batch {
                     ));
                 }
             }
+            for (k, m) in j.metrics.iter().enumerate() {
+                if let Some(op) = m.first_nonfinite_op.filter(|&op| op > MAX_OP_INDEX) {
+                    return bad(format!(
+                        "jobs[{i}].metrics[{k}].first_nonfinite_op: {op} is above {MAX_OP_INDEX}"
+                    ));
+                }
+            }
             for (k, c) in j.collectives.iter().enumerate() {
                 if c.seq == 0 || c.start_ns <= 0 || (c.end_ns != 0 && c.end_ns < c.start_ns) {
                     return bad(format!(
@@ -865,6 +881,7 @@ mod tests {
                     loss: Some(f64::NAN),
                     grad_norm: Some(1.5),
                     tokens_per_s: None,
+                    first_nonfinite_op: Some(4),
                 }],
                 processes: vec![],
                 logs: vec![],
@@ -892,7 +909,34 @@ mod tests {
         let back = Batch::decode_binary(&bytes).expect("decodes");
         assert_eq!(back.jobs[0].collectives, b.jobs[0].collectives);
         assert!(back.jobs[0].metrics[0].loss.is_some_and(f64::is_nan));
+        assert_eq!(back.jobs[0].metrics[0].first_nonfinite_op, Some(4));
         assert_eq!(back.events, b.events);
+    }
+
+    #[test]
+    fn first_nonfinite_op_is_skipped_by_old_readers_and_none_from_old_writers() {
+        use prost::Message as _;
+        // TrainingMetric as it was before tag 7.
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct Before {
+            #[prost(uint32, tag = "1")]
+            rank: u32,
+            #[prost(uint64, tag = "2")]
+            step: u64,
+            #[prost(double, optional, tag = "4")]
+            loss: Option<f64>,
+        }
+        let now = TrainingMetric {
+            rank: 2,
+            step: 9,
+            loss: Some(f64::INFINITY),
+            first_nonfinite_op: Some(17),
+            ..TrainingMetric::default()
+        };
+        let old = Before::decode(now.encode_to_vec().as_slice()).expect("an old reader decodes");
+        assert_eq!((old.rank, old.step, old.loss), (2, 9, Some(f64::INFINITY)));
+        let back = TrainingMetric::decode(old.encode_to_vec().as_slice()).expect("decodes");
+        assert_eq!((back.step, back.first_nonfinite_op), (9, None));
     }
 
     #[test]
@@ -902,8 +946,10 @@ mod tests {
         let text = String::from_utf8(json.clone()).expect("utf8");
         assert!(text.contains("\"op\":\"allreduce\""), "{text}");
         assert!(text.contains("\"loss\":\"NaN\""), "{text}");
+        assert!(text.contains("\"first_nonfinite_op\":4"), "{text}");
         let back = Batch::decode_json(&json).expect("decodes");
         assert_eq!(back.jobs[0].collectives, b.jobs[0].collectives);
+        assert_eq!(back.jobs[0].metrics[0].first_nonfinite_op, Some(4));
         assert_eq!(back.events[0].kind, NodeEventKind::Xid as i32);
     }
 
@@ -1014,6 +1060,9 @@ mod tests {
         let mut b = sample();
         b.jobs[0].ranks[0].gpu_index = Some(1 << 30);
         refused(&b, "gpu_index");
+        let mut b = sample();
+        b.jobs[0].metrics[0].first_nonfinite_op = Some(MAX_OP_INDEX + 1);
+        refused(&b, "metrics[0].first_nonfinite_op: 1048577 is above");
     }
 
     #[test]

@@ -1,22 +1,34 @@
 //! Runs the scenario suite in release and prints the scorecard with timings:
-//! `cargo run --release -p warden-sim --example suite [DIR] [THREADS]`.
+//! `cargo run --release -p warden-sim --example suite [DIR] [THREADS] [--capture=PATH]`.
+//! `--capture=nccl|torch` runs every scenario under that capture path instead of its own.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use warden_sim::{Report, RunOptions, Scenario, run, score};
+use warden_sim::{Capture, Report, RunOptions, Scenario, run, score};
 
 fn main() -> ExitCode {
-    let dir = std::env::args()
-        .nth(1)
+    let mut capture = None;
+    let mut args = vec![];
+    for a in std::env::args().skip(1) {
+        match a.strip_prefix("--capture=") {
+            Some(c) => match Capture::ALL.into_iter().find(|x| x.label() == c) {
+                Some(x) => capture = Some(x),
+                None => {
+                    eprintln!("error: --capture={c}: not a capture path (nccl, torch)");
+                    return ExitCode::from(64);
+                }
+            },
+            None => args.push(a),
+        }
+    }
+    let dir = args
+        .first()
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios"));
-    let threads: usize = std::env::args()
-        .nth(2)
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(2);
+    let threads: usize = args.get(1).and_then(|t| t.parse().ok()).unwrap_or(2);
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&dir) {
         Ok(rd) => rd
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -31,7 +43,12 @@ fn main() -> ExitCode {
     let mut scenarios = vec![];
     for f in &files {
         match Scenario::load(f) {
-            Ok(s) => scenarios.push(s),
+            Ok(mut s) => {
+                if let Some(c) = capture {
+                    s.capture = c;
+                }
+                scenarios.push(s)
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::from(64);

@@ -3,11 +3,12 @@
 
 use warden_model::Timestamp;
 use warden_model::wire::{
-    Batch, CollectiveEvent, CommInfo, EventSeverity, Heartbeat, JobSignals, LogRecord, NodeEvent,
-    ProcessState, RankInfo, TrainingMetric,
+    Batch, CollOp, CollectiveEvent, CommInfo, EventSeverity, Heartbeat, JobSignals, LogRecord,
+    NodeEvent, ProcessState, RankInfo, TrainingMetric,
 };
 
-use crate::topology::{CommKind, Topology, fnv1a};
+use crate::scenario::Capture;
+use crate::topology::{Topology, fnv1a};
 
 /// The simulation's time zero: 2026-01-01T00:00:00Z.
 pub const SIM_EPOCH: Timestamp = Timestamp::from_nanos(1_767_225_600 * 1_000_000_000);
@@ -17,6 +18,16 @@ pub const REGISTRATION_SECS: f64 = 10.0;
 
 /// How many later batches repeat a critical record.
 const CRITICAL_REPEATS: u8 = 2;
+
+/// The agent reads the NCCL plugin's segments this often, seconds (`capture.shm_poll`).
+pub const SEGMENT_POLL_SECS: f64 = 0.5;
+/// The agent reads `warden_torch`'s socket this often while processes are connected,
+/// seconds; `warden_torch`'s own thread asks device works whether they ran as often.
+pub const TORCH_READ_SECS: f64 = 0.02;
+/// From the host's call to NCCL's enqueue of the work (the plugin's Coll stop), seconds.
+pub const ENQUEUE_SECS: f64 = 30e-6;
+/// From the enqueue to the proxy thread's first ProxyOp start, seconds.
+pub const PROXY_PICKUP_SECS: f64 = 20e-6;
 
 /// Virtual seconds since the run start → virtual ns since the run start (infinite and
 /// out-of-range times saturate to `i64::MAX`, "never").
@@ -33,24 +44,29 @@ pub fn true_ns(t: f64) -> i64 {
     SIM_EPOCH.nanos() + (t * 1e9).round() as i64
 }
 
-/// One collective of one rank, in true virtual time; `end` is infinite while the
-/// collective can never complete.
+/// One operation of one rank, in true virtual time; `end` is infinite while it can
+/// never complete. What the agent reports of it depends on the capture path
+/// ([`Agent::flush`]).
 #[derive(Debug, Clone, Copy)]
 pub struct PendingColl {
     /// Global rank.
     pub rank: u32,
-    /// Communicator kind.
-    pub kind: CommKind,
-    /// Communicator hash.
+    /// Communicator id (a pipeline pair's for point-to-point).
     pub comm: u64,
     /// Sequence number in the communicator.
     pub seq: u64,
-    /// Arrival, seconds.
+    /// Operation.
+    pub op: CollOp,
+    /// Payload, bytes.
+    pub bytes: u64,
+    /// The host's call, seconds: what both paths stamp as the start.
+    pub call: f64,
+    /// When the GPU reached it, seconds.
     pub start: f64,
-    /// Completion, seconds (infinite: never).
+    /// Completion on the GPU, seconds (infinite: never).
     pub end: f64,
-    /// The rank's own transfer time, seconds.
-    pub xfer: f64,
+    /// Whether its communicator crosses nodes (network transfers, proxy operations).
+    pub spans_nodes: bool,
 }
 
 /// A record other than a collective; times inside are true time (skew is added at
@@ -137,12 +153,21 @@ pub struct Agent {
     last_completed: Vec<CollectiveEvent>,
     /// Batches built but lost on the way.
     pub failed_batches: u64,
+    /// The capture path this agent reads.
+    capture: Capture,
+    /// Phase of this agent's reads of the capture path, seconds.
+    read_phase: f64,
 }
 
 impl Agent {
-    /// The agent of node `node`.
-    pub fn new(node: u32, name: String, offset_ns: i64, seed: u64) -> Self {
+    /// The agent of node `node`, reading `capture`.
+    pub fn new(node: u32, name: String, offset_ns: i64, seed: u64, capture: Capture) -> Self {
         let h = fnv1a(format!("{seed}/{name}").as_bytes());
+        let read_period = match capture {
+            Capture::Nccl => SEGMENT_POLL_SECS,
+            Capture::Torch => TORCH_READ_SECS,
+        };
+        let read_phase = (h >> 11) as f64 / (1u64 << 53) as f64 * read_period;
         Agent {
             node,
             agent_id: format!("agent-{name}-{:08x}", h as u32),
@@ -157,6 +182,53 @@ impl Agent {
             repeats: vec![],
             last_completed: vec![],
             failed_batches: 0,
+            capture,
+            read_phase,
+        }
+    }
+
+    /// When this agent has read a capture record stamped at `x` (seconds): at its next
+    /// read of the plugin's segments or of `warden_torch`'s socket.
+    fn read_at(&self, x: f64) -> f64 {
+        if !x.is_finite() {
+            return x;
+        }
+        let period = match self.capture {
+            Capture::Nccl => SEGMENT_POLL_SECS,
+            Capture::Torch => TORCH_READ_SECS,
+        };
+        self.read_phase + ((x - self.read_phase) / period).ceil().max(0.0) * period
+    }
+
+    /// The end the path reports for `c`, seconds (infinite: none).
+    /// - NCCL plugin: across nodes, the last ProxyOp's stop, which is the completion;
+    ///   inside a node there are no proxy operations, and the enqueue stands in.
+    /// - `warden_torch`: the first poll of `work.is_completed()` after the GPU ran it,
+    ///   on the rank's own 20 ms clock.
+    fn reported_end(&self, c: &PendingColl) -> f64 {
+        match self.capture {
+            Capture::Nccl if c.spans_nodes => c.end,
+            Capture::Nccl => c.call + ENQUEUE_SECS,
+            Capture::Torch => {
+                if !c.end.is_finite() {
+                    return c.end;
+                }
+                let phase = f64::from(c.rank % 50) * (TORCH_READ_SECS / 50.0);
+                phase + ((c.end - phase) / TORCH_READ_SECS).ceil() * TORCH_READ_SECS
+            }
+        }
+    }
+
+    /// The transfer time the path reports for a completed `c` ending at `end`, seconds:
+    /// the plugin's first ProxyOp start to its last stop, across nodes only (in a ring,
+    /// paced by the slowest link and the latest arrival for every member); none from
+    /// `warden_torch`.
+    fn reported_xfer(&self, c: &PendingColl, end: f64) -> f64 {
+        match self.capture {
+            Capture::Nccl if c.spans_nodes => {
+                (end - (c.call + ENQUEUE_SECS + PROXY_PICKUP_SECS)).max(0.0)
+            }
+            _ => 0.0,
         }
     }
 
@@ -207,11 +279,11 @@ impl Agent {
                     gpu_index: Some(gpu),
                     gpu_uuid: gpu_uuid(&self.name, gpu),
                 });
-                for (c, k) in topo.comms_of(r) {
+                for (comm, name, size, k) in topo.registered_comms_of(r) {
                     sig.comms.push(CommInfo {
-                        comm: c.hash,
-                        name: c.name.clone(),
-                        size: c.size,
+                        comm,
+                        name: name.to_owned(),
+                        size,
                         rank: r,
                         comm_rank: k,
                     });
@@ -219,26 +291,29 @@ impl Agent {
             }
         }
 
-        self.colls.retain(|c| {
-            let d = virtual_ns(death[c.rank as usize]);
-            let seen = t_ns.min(d);
-            if virtual_ns(c.start) > seen {
-                // Not started yet, or never started before the rank died.
-                return d > t_ns;
+        let mut colls = std::mem::take(&mut self.colls);
+        colls.retain(|c| {
+            let death = death[c.rank as usize];
+            let d = virtual_ns(death);
+            if virtual_ns(c.call) > d {
+                return false; // the host never called it
             }
-            // Completed: with its end and the rank's own transfer time; in flight:
-            // neither is known yet.
-            let completed = virtual_ns(c.end) <= seen;
+            if virtual_ns(self.read_at(c.call)) > t_ns {
+                return true; // not read yet
+            }
+            let end = self.reported_end(c);
+            let may_complete = end.is_finite() && virtual_ns(end) <= d;
+            let completed = may_complete && virtual_ns(self.read_at(end)) <= t_ns;
             let record = CollectiveEvent {
                 comm: c.comm,
                 rank: c.rank,
                 seq: c.seq,
-                op: c.kind.op() as i32,
-                bytes: c.kind.bytes(),
-                start_ns: ns(c.start),
-                end_ns: if completed { ns(c.end) } else { 0 },
+                op: c.op as i32,
+                bytes: c.bytes,
+                start_ns: ns(c.call),
+                end_ns: if completed { ns(end) } else { 0 },
                 xfer_ns: if completed {
-                    (c.xfer * 1e9).round() as u64
+                    (self.reported_xfer(c, end) * 1e9).round() as u64
                 } else {
                     0
                 },
@@ -251,8 +326,10 @@ impl Agent {
                 sig.collectives.push(record);
                 return true;
             }
-            false
+            // Dead: only a completion stamped before the death may still be read.
+            may_complete
         });
+        self.colls = colls;
         // Completions are carried twice (this batch and the next) so that one lost
         // batch loses none; the controller drops the repeats as stale.
         let fresh: Vec<CollectiveEvent> = sig

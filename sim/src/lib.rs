@@ -14,6 +14,6 @@ pub mod topology;
 
 pub use agent::SIM_EPOCH;
 pub use report::{Report, ReportError};
-pub use scenario::{Fault, FaultKind, Job, Noise, Scenario, ScenarioError};
+pub use scenario::{Capture, Fault, FaultKind, Job, Metrics, Noise, Scenario, ScenarioError};
 pub use score::{Scorecard, score};
 pub use sim::{FaultRecord, Progress, RunOptions, Simulation, Sink, run};

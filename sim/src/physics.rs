@@ -3,13 +3,14 @@
 //! faults, handing each record to the agent of the node it happened on.
 
 use warden_model::wire::{
-    EventSeverity, LogRecord, LogStream, NodeEvent, NodeEventKind, ProcessState, TrainingMetric,
+    CollOp, EventSeverity, LogRecord, LogStream, NodeEvent, NodeEventKind, ProcessState,
+    TrainingMetric,
 };
 
 use crate::agent::{Agent, PendingColl, PendingRecord, Record, pci_bus_id, pid_of, true_ns};
 use crate::rng::Draw;
-use crate::scenario::{FaultKind, Scenario, is_fatal_xid};
-use crate::topology::{CommKind, Topology};
+use crate::scenario::{FaultKind, Metrics, Scenario, is_fatal_xid};
+use crate::topology::{CommKind, Pair, Topology};
 
 const INF: f64 = f64::INFINITY;
 
@@ -40,6 +41,9 @@ pub struct Physics {
     scenario: Scenario,
     topo: Topology,
     draw: Draw,
+    /// How far ahead of the GPU each host call comes (its own stream, so that the
+    /// job's physics draws the same with any lead).
+    host: Draw,
     /// Node index of each fault's node (by fault index), if it names one.
     fault_nodes: Vec<Option<u32>>,
     /// Start of the next step per rank (infinite: it never starts).
@@ -65,7 +69,10 @@ pub struct Physics {
     compute_b: Vec<f64>,
     arrive: Vec<f64>,
     end: Vec<f64>,
-    xfer: Vec<f64>,
+    /// Start of this step per rank (the host waited for the previous one).
+    began: Vec<f64>,
+    /// The host's last call per rank: it calls operations in program order.
+    last_call: Vec<f64>,
 }
 
 impl Physics {
@@ -92,6 +99,7 @@ impl Physics {
             scenario: scenario.clone(),
             topo: topo.clone(),
             draw,
+            host: Draw::new(scenario.seed, 7),
             start,
             death: vec![INF; world],
             next_step: 0,
@@ -103,7 +111,8 @@ impl Physics {
             compute_b: vec![0.0; world],
             arrive: vec![0.0; world],
             end: vec![0.0; world],
-            xfer: vec![0.0; world],
+            began: vec![0.0; world],
+            last_call: vec![0.0; world],
             next_start: None,
         };
         physics.refresh_next_start();
@@ -276,6 +285,7 @@ impl Physics {
         }
 
         // Compute A, TP allreduce #1, PP exchange, compute B, TP allreduce #2, DP allreduce.
+        self.began.copy_from_slice(&self.start);
         for r in 0..world {
             self.arrive[r] = self.start[r] + self.compute_a[r];
         }
@@ -285,7 +295,7 @@ impl Physics {
         }
         self.collective(CommKind::Tp, 2 * k + 1, &link, agents);
         self.arrive.copy_from_slice(&self.end);
-        self.collective(CommKind::Pp, k + 1, &link, agents);
+        self.pipeline(k + 1, &link, agents);
         for r in 0..world {
             self.arrive[r] = self.end[r] + self.compute_b[r];
         }
@@ -331,10 +341,29 @@ impl Physics {
             step_end = step_end.max(e);
             let mut loss = 2.5 * (-(k as f64) / 2000.0).exp() + 0.01 * self.draw.normal();
             let mut grad = (1.0 + 0.1 * self.draw.normal()).abs();
+            // The input check: the culprit fed the NaN into its first reduction of the
+            // step; the rest of its replica got it from there and fed it on later;
+            // other replicas reduce their own finite gradients until the next step.
+            let mut first_nonfinite_op = None;
+            if let Some((s, _, culprit)) = active_nan
+                && self.scenario.grad_check
+            {
+                let replica = self.topo.coords(r as u32).1 == self.topo.coords(culprit).1;
+                first_nonfinite_op = match (k == s, r as u32 == culprit) {
+                    (false, _) => Some(0),
+                    (true, true) => Some(0),
+                    (true, false) if replica => Some(1),
+                    (true, false) => None,
+                };
+            }
             if let Some((s, _, culprit)) = active_nan {
                 if k == s {
+                    // The gradient norm is taken after the data-parallel reduction,
+                    // which spread the NaN to every rank; the loss is the replica's
+                    // own, or the reduced one that every rank shares.
                     grad = f64::NAN;
-                    if r as u32 == culprit {
+                    let replica = self.topo.coords(r as u32).1 == self.topo.coords(culprit).1;
+                    if replica || self.scenario.metrics == Metrics::Reduced {
                         loss = f64::NAN;
                     }
                 } else {
@@ -369,6 +398,7 @@ impl Physics {
                     loss: Some(loss),
                     grad_norm: Some(grad),
                     tokens_per_s: Some(tokens_per_rank / (e - began).max(1e-6)),
+                    first_nonfinite_op,
                 }),
             );
             if last {
@@ -613,17 +643,64 @@ impl Physics {
         }
     }
 
-    /// Run one collective on every communicator of `kind`: arrivals in `self.arrive`,
-    /// completion in `self.end`. Ranks outside any such communicator pass through.
+    /// When the host of rank `r` called an operation its GPU reaches at `at`: up to
+    /// `job.host_lead_secs` before, never before the step began nor before its previous
+    /// call (program order).
+    fn host_call(&mut self, r: usize, at: f64) -> f64 {
+        let lead = self.scenario.job.host_lead_secs * self.host.uniform(0.5, 1.5);
+        let call = (at - lead)
+            .max(self.began[r].min(at))
+            .max(self.last_call[r].min(at));
+        self.last_call[r] = call;
+        call
+    }
+
+    /// Queue rank `m`'s part of an operation for its node's agent, if its host called it.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        agents: &mut [Agent],
+        m: u32,
+        comm: u64,
+        seq: u64,
+        op: CollOp,
+        bytes: u64,
+        start: f64,
+        end: f64,
+        spans_nodes: bool,
+    ) {
+        let mu = m as usize;
+        if !(start.is_finite() && start <= self.death[mu]) {
+            return;
+        }
+        let call = self.host_call(mu, start);
+        agents[(m / self.topo.gpus_per_node) as usize]
+            .colls
+            .push(PendingColl {
+                rank: m,
+                comm,
+                seq,
+                op,
+                bytes,
+                call,
+                start,
+                end,
+                spans_nodes,
+            });
+    }
+
+    /// Run one collective on every communicator of `kind` (TP or DP): arrivals in
+    /// `self.arrive`, completion in `self.end`. Ranks outside any such communicator
+    /// pass through.
     fn collective(&mut self, kind: CommKind, seq: u64, link: &[f64], agents: &mut [Agent]) {
-        let comms = self.topo.comms(kind);
+        let comms = self.topo.comms(kind).to_vec();
         if comms.is_empty() {
             self.end.copy_from_slice(&self.arrive);
             return;
         }
         let base = kind.base_fraction() * self.scenario.job.iteration_secs;
         let gpn = self.topo.gpus_per_node;
-        for c in comms {
+        for c in &comms {
             let mut latest = 0.0_f64;
             let mut first_death = INF;
             let mut x_max = 0.0_f64;
@@ -639,9 +716,9 @@ impl Physics {
                     1.0
                 };
                 let x = base * (1.0 + 0.03 * self.draw.normal().abs()) * lf;
-                self.xfer[m] = x;
                 x_max = x_max.max(x);
             }
+            // A ring moves at the pace of its slowest link, for every member.
             let mut end = latest + x_max;
             if end > first_death {
                 end = INF;
@@ -650,20 +727,135 @@ impl Physics {
                 self.last_completion = self.last_completion.max(end);
             }
             for m in c.members() {
-                let mu = m as usize;
-                self.end[mu] = end;
-                let a = self.arrive[mu];
-                if a.is_finite() && a <= self.death[mu] {
-                    agents[(m / gpn) as usize].colls.push(PendingColl {
-                        rank: m,
-                        kind,
-                        comm: c.hash,
-                        seq,
-                        start: a,
-                        end,
-                        xfer: self.xfer[mu],
-                    });
+                self.end[m as usize] = end;
+                let a = self.arrive[m as usize];
+                self.record(
+                    agents,
+                    m,
+                    c.hash,
+                    seq,
+                    kind.op(),
+                    kind.bytes(),
+                    a,
+                    end,
+                    c.spans_nodes,
+                );
+            }
+        }
+    }
+
+    /// Queue both sides of one point-to-point transfer on `pr`: the send posted at
+    /// `send_at`, the receive at `recv_at`, both ending at `end`.
+    fn transfer_records(
+        &mut self,
+        agents: &mut [Agent],
+        pr: &Pair,
+        seq: u64,
+        send_at: f64,
+        recv_at: f64,
+        end: f64,
+    ) {
+        let (bytes, sp) = (CommKind::Pp.bytes(), pr.spans_nodes);
+        self.record(
+            agents,
+            pr.src,
+            pr.hash,
+            seq,
+            CollOp::Send,
+            bytes,
+            send_at,
+            end,
+            sp,
+        );
+        self.record(
+            agents,
+            pr.dst,
+            pr.hash,
+            seq,
+            CollOp::Recv,
+            bytes,
+            recv_at,
+            end,
+            sp,
+        );
+    }
+
+    /// The pipeline exchange of one step, as point-to-point traffic between adjacent
+    /// stages: forward, stage `s` sends to `s + 1` once it has its input (stage 0 at
+    /// once); backward, the last stage sends to the one before once its forward input
+    /// came, each stage passing it on once it received it. A receive is posted when the
+    /// rank arrives (forward) or once its own forward send is done (backward). Each
+    /// transfer ends when both sides are there plus its transfer time. A rank's
+    /// exchange ends with the last of its operations; ranks outside any pipeline group
+    /// pass through.
+    fn pipeline(&mut self, seq: u64, link: &[f64], agents: &mut [Agent]) {
+        self.end.copy_from_slice(&self.arrive);
+        let pp = self.topo.pp as usize;
+        if pp < 2 {
+            return;
+        }
+        let base = CommKind::Pp.base_fraction() * self.scenario.job.iteration_secs;
+        let gpn = self.topo.gpus_per_node as usize;
+        let groups = self.topo.pp_comms.len();
+        for g in 0..groups {
+            let pairs = self.topo.pairs_of_group(g as u32).to_vec();
+            let (fwd, bwd) = pairs.split_at(pp - 1);
+            let mut fwd_end = vec![INF; pp - 1];
+            let mut bwd_end = vec![INF; pp - 1];
+            let transfer = |this: &mut Self, src: u32, dst: u32, send_at: f64, recv_at: f64| {
+                let x = base
+                    * (1.0 + 0.03 * this.draw.normal().abs())
+                    * if src as usize / gpn != dst as usize / gpn {
+                        link[src as usize / gpn].max(link[dst as usize / gpn])
+                    } else {
+                        1.0
+                    };
+                let dies = this.death[src as usize].min(this.death[dst as usize]);
+                let end = send_at.max(recv_at) + x;
+                if end.is_finite() && end <= dies {
+                    this.last_completion = this.last_completion.max(end);
+                    end
+                } else {
+                    INF
                 }
+            };
+            for (s, pr) in fwd.iter().enumerate() {
+                let sender_ready = if s == 0 {
+                    self.arrive[pr.src as usize]
+                } else {
+                    self.arrive[pr.src as usize].max(fwd_end[s - 1])
+                };
+                let recv_at = self.arrive[pr.dst as usize];
+                let end = transfer(self, pr.src, pr.dst, sender_ready, recv_at);
+                fwd_end[s] = end;
+                self.transfer_records(agents, pr, seq, sender_ready, recv_at, end);
+            }
+            // bwd[i] runs from stage i + 1 to stage i; the last stage's goes first.
+            for s in (0..pp - 1).rev() {
+                let pr = &bwd[s];
+                let sender_ready = if s + 1 == pp - 1 {
+                    fwd_end[s]
+                } else {
+                    bwd_end[s + 1]
+                };
+                let recv_at = fwd_end[s];
+                let end = transfer(self, pr.src, pr.dst, sender_ready, recv_at);
+                bwd_end[s] = end;
+                self.transfer_records(agents, pr, seq, sender_ready, recv_at, end);
+            }
+            // A rank's exchange ends with its last operation.
+            for s in 0..pp {
+                let rank = fwd.get(s).map_or_else(|| fwd[s - 1].dst, |p| p.src) as usize;
+                let mut e = if s + 1 < pp { bwd_end[s] } else { INF };
+                if s > 0 {
+                    let own_send = bwd_end[s - 1];
+                    e = if s + 1 < pp {
+                        e.max(own_send)
+                    } else {
+                        own_send
+                    };
+                }
+                self.end[rank] = e;
             }
         }
     }

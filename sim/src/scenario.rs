@@ -11,6 +11,9 @@ pub const MAX_RANKS: u64 = 1 << 20;
 /// Largest number of steps a scenario may ask for.
 pub const MAX_STEPS: u64 = 10_000_000;
 
+/// Default of `job.host_lead_ms`: a few kernels queued ahead of the GPU.
+pub const DEFAULT_HOST_LEAD_MS: f64 = 5.0;
+
 /// XID codes that take the GPU away (the rank on it stops).
 pub const FATAL_XIDS: [u32; 7] = [48, 74, 79, 94, 95, 119, 120];
 
@@ -117,6 +120,10 @@ pub struct Job {
     pub iteration_secs: f64,
     /// Relative spread (standard deviation) of per-rank compute time.
     pub jitter: f64,
+    /// How far ahead of its GPU a rank's host issues a collective, at most, seconds:
+    /// the kernels it has queued. Capture stamps a collective's start at the host's
+    /// call, this much before the GPU reaches it.
+    pub host_lead_secs: f64,
 }
 
 /// Benign disturbances a healthy job shows.
@@ -233,6 +240,59 @@ impl Fault {
     }
 }
 
+/// The capture path whose signals the simulated agents send (docs/CAPTURE.md, "What
+/// each path emits"): each has its own timestamps, read interval and transfer times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Capture {
+    /// `warden-nccl-profiler` at its default mask (`coll,p2p,proxyop`).
+    #[default]
+    Nccl,
+    /// `warden_torch`'s process-group capture.
+    Torch,
+}
+
+impl Capture {
+    /// Every path, in the order the suite runs them.
+    pub const ALL: [Capture; 2] = [Capture::Nccl, Capture::Torch];
+
+    /// Its name in scenario files.
+    pub fn label(self) -> &'static str {
+        match self {
+            Capture::Nccl => "nccl",
+            Capture::Torch => "torch",
+        }
+    }
+
+    /// Whether the path shows which link of a node is slow. Neither does today: the
+    /// plugin's transfer time runs from the proxy's first operation to its last, which
+    /// in a ring is paced by the slowest link for every member, and `warden_torch`
+    /// reports none. Per-peer proxy-step timing (`nccl_proxy`) is what would.
+    pub fn sees_links(self) -> bool {
+        false
+    }
+}
+
+/// What the job reports as its loss (`warden_torch.step(loss=...)` or its log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Metrics {
+    /// Each data-parallel replica reports its own loss, the same on every rank of the
+    /// replica (its tensor- and pipeline-parallel group), as plain PyTorch scripts do.
+    #[default]
+    Local,
+    /// Every rank reports the loss averaged over data parallel, as Megatron logs it.
+    Reduced,
+}
+
+impl Metrics {
+    /// Its name in scenario files.
+    pub fn label(self) -> &'static str {
+        match self {
+            Metrics::Local => "local",
+            Metrics::Reduced => "reduced",
+        }
+    }
+}
+
 /// A parsed and validated scenario.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scenario {
@@ -248,6 +308,16 @@ pub struct Scenario {
     pub steps: u64,
     /// Faults, in file order.
     pub faults: Vec<Fault>,
+    /// The capture path the agents read.
+    pub capture: Capture,
+    /// Whether the file named the capture path (else it is the default, and the suite
+    /// runs the scenario under every path).
+    pub capture_named: bool,
+    /// What the job reports as its loss.
+    pub metrics: Metrics,
+    /// Whether the job runs `warden_torch`'s opt-in input check, which names the rank
+    /// that first fed a NaN or infinity into a reduction.
+    pub grad_check: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -261,6 +331,9 @@ struct RawScenario {
     steps: u64,
     #[serde(default)]
     faults: Vec<RawFault>,
+    capture: Option<String>,
+    metrics: Option<String>,
+    grad_check: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -272,6 +345,10 @@ struct RawJob {
     parallelism: Option<RawParallelism>,
     iteration_secs: Option<f64>,
     jitter: Option<f64>,
+    capture: Option<String>,
+    metrics: Option<String>,
+    grad_check: Option<bool>,
+    host_lead_ms: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -502,6 +579,58 @@ impl Scenario {
             c.fail("steps", format!("must be at most {MAX_STEPS}"));
         }
 
+        let host_lead_ms = j.host_lead_ms.unwrap_or(DEFAULT_HOST_LEAD_MS);
+        if !(host_lead_ms.is_finite() && (0.0..=60_000.0).contains(&host_lead_ms)) {
+            c.fail("job.host_lead_ms", "must be in [0, 60000]");
+        }
+        let either = |path: &str, top: Option<String>, job: Option<String>, c: &mut Checker| match (
+            top, job,
+        ) {
+            (Some(a), Some(b)) if a != b => {
+                c.fail(
+                    path,
+                    format!("given as {a:?} at the top and as {b:?} under job"),
+                );
+                None
+            }
+            (a, b) => a.or(b),
+        };
+        let capture_given = either("capture", raw.capture, j.capture, &mut c);
+        let capture_named = capture_given.is_some();
+        let capture = match capture_given.as_deref() {
+            None | Some("nccl") => Capture::Nccl,
+            Some("torch") => Capture::Torch,
+            Some("nccl_proxy") => {
+                c.fail(
+                    "capture",
+                    "nccl_proxy (per-peer proxy-step timing) is not captured by the NCCL plugin yet; use nccl or torch",
+                );
+                Capture::Nccl
+            }
+            Some(other) => {
+                c.fail(
+                    "capture",
+                    format!("{other:?} is not a capture path (nccl, torch)"),
+                );
+                Capture::Nccl
+            }
+        };
+        let metrics = match either("metrics", raw.metrics, j.metrics, &mut c).as_deref() {
+            None | Some("local") => Metrics::Local,
+            Some("reduced") => Metrics::Reduced,
+            Some(other) => {
+                c.fail("metrics", format!("{other:?} is not local or reduced"));
+                Metrics::Local
+            }
+        };
+        let grad_check = match (raw.grad_check, j.grad_check) {
+            (Some(a), Some(b)) if a != b => {
+                c.fail("grad_check", "given differently at the top and under job");
+                a
+            }
+            (a, b) => a.or(b).unwrap_or(false),
+        };
+
         let mut scenario = Scenario {
             name: name.to_owned(),
             seed: raw.seed,
@@ -514,10 +643,15 @@ impl Scenario {
                 dp: dp.unwrap_or(1),
                 iteration_secs,
                 jitter,
+                host_lead_secs: host_lead_ms / 1e3,
             },
             noise,
             steps: raw.steps,
             faults: vec![],
+            capture,
+            capture_named,
+            metrics,
+            grad_check,
         };
         let ranks = world;
         for (i, f) in raw.faults.into_iter().enumerate() {

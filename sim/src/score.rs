@@ -80,6 +80,9 @@ pub fn matches(f: &FaultRecord, inc: &IncidentView) -> bool {
     {
         return false;
     }
+    if let Some(c) = &f.culprits {
+        return inc.ranks == *c && (!c.is_empty() || inc.job.is_some());
+    }
     match f.kind.as_str() {
         "hang" | "crash" | "nan" => f.rank.is_some_and(|r| inc.ranks == [r]),
         "straggler" | "slow_link" => inc.nodes == [f.node.clone()],
@@ -241,7 +244,7 @@ pub fn score(reports: &[Report]) -> Scorecard {
         noisy_clean_runs: vec![],
     };
     for rep in reports {
-        card.faults += rep.faults.len();
+        card.faults += rep.faults.iter().filter(|f| f.visible).count();
         card.incidents += rep.incidents.len();
         if rep.faults.is_empty() && !rep.incidents.is_empty() {
             card.noisy_clean_runs
@@ -252,6 +255,16 @@ pub fn score(reports: &[Report]) -> Scorecard {
         order.sort_by(|&a, &b| rep.faults[a].onset_s.total_cmp(&rep.faults[b].onset_s));
         for fi in order {
             let f = &rep.faults[fi];
+            if !f.visible {
+                // Not counted; an incident that names it rightly is no false positive.
+                if let Some(i) =
+                    (0..rep.incidents.len()).find(|&i| !used[i] && matches(f, &rep.incidents[i]))
+                {
+                    used[i] = true;
+                    card.incidents -= 1;
+                }
+                continue;
+            }
             let (class, budget) = class_of(f, rep.iteration_secs);
             let idx = match card
                 .classes
@@ -433,6 +446,8 @@ mod tests {
             until_step: None,
             onset_s: onset,
             last_progress_s: matches!(kind, "hang" | "crash").then_some(onset + 0.5),
+            culprits: None,
+            visible: true,
         }
     }
 

@@ -14,7 +14,7 @@ use crate::agent::{Agent, SIM_EPOCH, virtual_ns};
 use crate::physics::Physics;
 use crate::report::Report;
 use crate::rng::Draw;
-use crate::scenario::{FaultKind, Scenario};
+use crate::scenario::{FaultKind, Metrics, Scenario};
 use crate::topology::Topology;
 
 /// Urgent records of one node at most this far apart leave in the same urgent flush.
@@ -119,6 +119,24 @@ pub struct FaultRecord {
     /// For faults that stop the job: the last completion of any collective anywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_progress_s: Option<f64>,
+    /// The ranks an incident must name, where they are not just `rank`: for a NaN
+    /// without the input check, its data-parallel replica (each replica reports its own
+    /// loss) or none at all (every rank reports the reduced loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub culprits: Option<Vec<u32>>,
+    /// Whether the capture path can see this fault at all (a slow link is invisible to
+    /// a path without per-link timing). An unseen fault is not counted against recall;
+    /// an incident naming it rightly is no false positive.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub visible: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// Heap entry: a flush of one agent (`regular` ones reschedule themselves).
@@ -170,7 +188,13 @@ impl Simulation {
         let mut flushes = BinaryHeap::new();
         for (i, name) in topo.node_names.iter().enumerate() {
             let offset = ns(agent_draw.uniform(-skew, skew));
-            agents.push(Agent::new(i as u32, name.clone(), offset, scenario.seed));
+            agents.push(Agent::new(
+                i as u32,
+                name.clone(),
+                offset,
+                scenario.seed,
+                scenario.capture,
+            ));
             let phase = agent_draw.unit() * options.flush_secs;
             flushes.push(Reverse((ns(phase), i as u32, true)));
         }
@@ -357,6 +381,8 @@ impl Simulation {
                 until_step: f.until_step,
                 onset_s: round_ms(at),
                 last_progress_s: None,
+                culprits: None,
+                visible: true,
             };
             match &f.kind {
                 FaultKind::Straggler { node, slowdown }
@@ -374,6 +400,21 @@ impl Simulation {
                     rec.gpu = Some(rank % gpn);
                     rec.node = self.topo.node_names[(rank / gpn) as usize].clone();
                 }
+            }
+            match &f.kind {
+                FaultKind::SlowLink { .. } => rec.visible = self.scenario.capture.sees_links(),
+                FaultKind::Nan { rank } if !self.scenario.grad_check => {
+                    rec.culprits = Some(match self.scenario.metrics {
+                        Metrics::Reduced => vec![],
+                        Metrics::Local => {
+                            let d = self.topo.coords(*rank).1;
+                            (0..self.topo.world)
+                                .filter(|&r| self.topo.coords(r).1 == d)
+                                .collect()
+                        }
+                    });
+                }
+                _ => {}
             }
             if f.kind.stops_job() {
                 rec.last_progress_s = Some(round_ms(self.physics.last_completion.max(at)));

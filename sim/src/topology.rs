@@ -3,7 +3,7 @@
 
 use warden_model::wire::CollOp;
 
-use crate::scenario::Scenario;
+use crate::scenario::{Capture, Scenario};
 
 /// The three kinds of communicator a 3D-parallel job has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -88,6 +88,52 @@ impl Comm {
 
 pub use warden_model::ids::fnv1a;
 
+/// One direction between two adjacent stages of a pipeline group: what both capture
+/// paths report point-to-point traffic on, a communicator of two members, the sender 0.
+#[derive(Debug, Clone)]
+pub struct Pair {
+    /// Index of the pipeline group (its PP communicator).
+    pub group: u32,
+    /// Stage of the sender.
+    pub src_stage: u32,
+    /// Stage of the receiver.
+    pub dst_stage: u32,
+    /// Global rank of the sender.
+    pub src: u32,
+    /// Global rank of the receiver.
+    pub dst: u32,
+    /// Communicator id, as the capture path derives it from the name.
+    pub hash: u64,
+    /// Name as the capture path reports it.
+    pub name: String,
+    /// Whether sender and receiver are on different nodes.
+    pub spans_nodes: bool,
+}
+
+impl Pair {
+    /// The pair of `group` (a PP communicator) from stage `src` to stage `dst`, named as
+    /// `capture` names it: `warden_torch` by process group (`pg:<group>:p2p:<src>><dst>`),
+    /// the NCCL plugin by communicator hash (`nccl:<hash>:p2p:<src>><dst>`), both in
+    /// ranks of the group.
+    fn new(group: &Comm, src: u32, dst: u32, capture: Capture, gpn: u32) -> Pair {
+        let name = match capture {
+            Capture::Torch => format!("pg:{}:p2p:{src}>{dst}", group.name),
+            Capture::Nccl => format!("nccl:{:016x}:p2p:{src}>{dst}", group.hash),
+        };
+        let (s, d) = (group.member(src), group.member(dst));
+        Pair {
+            group: group.index,
+            src_stage: src,
+            dst_stage: dst,
+            src: s,
+            dst: d,
+            hash: fnv1a(name.as_bytes()),
+            name,
+            spans_nodes: s / gpn != d / gpn,
+        }
+    }
+}
+
 /// Ranks, nodes and communicators of one job.
 #[derive(Debug, Clone)]
 pub struct Topology {
@@ -107,8 +153,12 @@ pub struct Topology {
     pub tp_comms: Vec<Comm>,
     /// DP communicators (empty when dp = 1), indexed by `t + tp * p`.
     pub dp_comms: Vec<Comm>,
-    /// PP communicators (empty when pp = 1), indexed by `t + tp * d`.
+    /// PP communicators (empty when pp = 1), indexed by `t + tp * d`: the pipeline
+    /// groups. Capture reports their traffic on [`Pair`]s, never on these.
     pub pp_comms: Vec<Comm>,
+    /// Point-to-point pairs of each pipeline group: forward `s>s+1` for each stage `s`,
+    /// then backward `s+1>s`, at `2 * (pp - 1) * group + ..`.
+    pub pairs: Vec<Pair>,
 }
 
 impl Topology {
@@ -158,6 +208,15 @@ impl Topology {
                 }
             }
         }
+        let mut pairs = vec![];
+        for g in &pp_comms {
+            for s in 0..pp - 1 {
+                pairs.push(Pair::new(g, s, s + 1, scenario.capture, gpn));
+            }
+            for s in 0..pp - 1 {
+                pairs.push(Pair::new(g, s + 1, s, scenario.capture, gpn));
+            }
+        }
         Topology {
             world,
             gpus_per_node: gpn,
@@ -168,6 +227,7 @@ impl Topology {
             tp_comms,
             dp_comms,
             pp_comms,
+            pairs,
         }
     }
 
@@ -190,7 +250,8 @@ impl Topology {
         )
     }
 
-    /// The communicators rank `r` belongs to, with its rank in each.
+    /// The communicators rank `r` belongs to, with its rank in each (pipeline groups
+    /// included, which capture never reports; see [`Topology::registered_comms_of`]).
     pub fn comms_of(&self, r: u32) -> Vec<(&Comm, u32)> {
         let (t, d, p) = self.coords(r);
         let mut v = vec![];
@@ -202,6 +263,35 @@ impl Topology {
         }
         if let Some(c) = self.dp_comms.get((t + self.tp * p) as usize) {
             v.push((c, d));
+        }
+        v
+    }
+
+    /// The pairs of pipeline group `group`.
+    pub fn pairs_of_group(&self, group: u32) -> &[Pair] {
+        let n = 2 * (self.pp.saturating_sub(1)) as usize;
+        let from = group as usize * n;
+        self.pairs.get(from..from + n).unwrap_or(&[])
+    }
+
+    /// What capture registers for rank `r`: `(id, name, size, rank in it)` of its TP
+    /// and DP communicators and of the pairs it sends or receives on.
+    pub fn registered_comms_of(&self, r: u32) -> Vec<(u64, &str, u32, u32)> {
+        let (t, d, _) = self.coords(r);
+        let mut v: Vec<(u64, &str, u32, u32)> = self
+            .comms_of(r)
+            .into_iter()
+            .filter(|(c, _)| c.kind != CommKind::Pp)
+            .map(|(c, k)| (c.hash, c.name.as_str(), c.size, k))
+            .collect();
+        if self.pp > 1 {
+            for pr in self.pairs_of_group(t + self.tp * d) {
+                if pr.src == r {
+                    v.push((pr.hash, pr.name.as_str(), 2, 0));
+                } else if pr.dst == r {
+                    v.push((pr.hash, pr.name.as_str(), 2, 1));
+                }
+            }
         }
         v
     }

@@ -87,7 +87,7 @@ fn no_record_is_newer_than_its_batch() {
 
 #[test]
 fn members_of_a_collective_complete_together_and_all_report_it() {
-    let (sim, rec) = record(SMALL);
+    let (sim, rec) = record(&format!("{SMALL}capture: torch\n"));
     let mut by_key: HashMap<(u64, u64), Vec<&CollectiveEvent>> = HashMap::new();
     let mut sizes: HashMap<u64, u32> = HashMap::new();
     for (_, b) in &rec.batches {
@@ -107,7 +107,12 @@ fn members_of_a_collective_complete_together_and_all_report_it() {
             }
         }
     }
-    assert_eq!(sizes.len(), 8 + 8 + 4, "tp, pp and dp comms are registered");
+    // TP and DP communicators, and two pairs per pipeline group (one each way).
+    assert_eq!(
+        sizes.len(),
+        8 + 16 + 4,
+        "tp, pair and dp comms are registered"
+    );
     assert!(by_key.len() > 1000);
     for ((comm, seq), evs) in &by_key {
         assert_eq!(
@@ -115,16 +120,18 @@ fn members_of_a_collective_complete_together_and_all_report_it() {
             sizes[comm],
             "comm {comm:x} seq {seq}: every member reports it"
         );
-        let end = evs[0].end_ns;
+        // warden_torch: each member's end is its first poll after the common completion.
+        let first = evs.iter().map(|c| c.end_ns).min().unwrap_or(0);
+        let last = evs.iter().map(|c| c.end_ns).max().unwrap_or(0);
         assert!(
-            evs.iter().all(|c| c.end_ns == end),
+            last - first < 20_000_000,
             "comm {comm:x} seq {seq} ends differ"
         );
-        let last_arrival = evs.iter().map(|c| c.start_ns).max().unwrap_or(0);
-        let max_xfer = evs.iter().map(|c| c.xfer_ns as i64).max().unwrap_or(0);
+        let last_call = evs.iter().map(|c| c.start_ns).max().unwrap_or(0);
+        assert!(first >= last_call, "no end before the last member entered");
         assert!(
-            (end - last_arrival - max_xfer).abs() <= 2,
-            "end = last arrival + slowest transfer"
+            evs.iter().all(|c| c.xfer_ns == 0),
+            "warden_torch has no transfer time"
         );
     }
     assert_eq!(sim.progress().step, 60);
@@ -144,8 +151,9 @@ fn members_of_a_collective_complete_together_and_all_report_it() {
 
 #[test]
 fn a_hang_leaves_peers_in_flight_and_the_culprit_idle() {
+    // warden_torch: inside a node, too, an operation stays in flight until it completes.
     let (sim, rec) = record(&format!(
-        "{SMALL}faults: [{{step: 30, kind: hang, rank: 5}}]\n"
+        "{SMALL}capture: torch\nfaults: [{{step: 30, kind: hang, rank: 5}}]\n"
     ));
     let fault = &sim.faults()[0];
     assert_eq!(fault.rank, Some(5));
@@ -248,12 +256,20 @@ fn the_nan_culprit_is_the_only_nan_loss_at_the_fault_step() {
         .collect();
     let nan = |x: Option<f64>| x.is_some_and(f64::is_nan);
     let at40: Vec<_> = metrics.iter().filter(|m| m.step == 40).collect();
-    let nan_loss: Vec<u32> = at40
+    let mut nan_loss: Vec<u32> = at40
         .iter()
         .filter(|m| nan(m.loss))
         .map(|m| m.rank)
         .collect();
-    assert!(nan_loss.iter().all(|&r| r == 13) && !nan_loss.is_empty());
+    nan_loss.sort_unstable();
+    nan_loss.dedup();
+    // Each replica reports its own loss, the same on its four ranks (tp 2 x pp 2):
+    // rank 13's replica is the data-parallel index 2.
+    assert_eq!(nan_loss, vec![4, 5, 12, 13]);
+    assert!(
+        at40.iter().all(|m| m.first_nonfinite_op.is_none()),
+        "no input check"
+    );
     assert!(at40.iter().all(|m| nan(m.grad_norm)));
     assert!(
         metrics
@@ -278,36 +294,75 @@ fn the_nan_culprit_is_the_only_nan_loss_at_the_fault_step() {
 }
 
 #[test]
-fn a_slow_link_raises_only_the_slow_nodes_transfer_times() {
-    let (_, rec) = record(&format!(
-        "{SMALL}faults: [{{step: 20, kind: slow_link, node: node-02, slowdown: 2.0}}]\n"
-    ));
+fn the_nan_loss_is_everyones_when_reduced_and_the_input_check_names_the_rank() {
+    let reduced = record(&format!(
+        "{SMALL}metrics: reduced\nfaults: [{{step: 40, kind: nan, rank: 13}}]\n"
+    ))
+    .1;
+    let nan = |x: Option<f64>| x.is_some_and(f64::is_nan);
+    let at40: Vec<_> = reduced
+        .batches
+        .iter()
+        .flat_map(|(_, b)| b.jobs.iter().flat_map(|j| j.metrics.iter()))
+        .filter(|m| m.step == 40)
+        .collect();
+    assert!(!at40.is_empty() && at40.iter().all(|m| nan(m.loss)));
+    let checked = record(&format!(
+        "{SMALL}metrics: reduced\ngrad_check: true\nfaults: [{{step: 40, kind: nan, rank: 13}}]\n"
+    ))
+    .1;
+    let mut first: Vec<(u32, u32)> = checked
+        .batches
+        .iter()
+        .flat_map(|(_, b)| b.jobs.iter().flat_map(|j| j.metrics.iter()))
+        .filter(|m| m.step == 40)
+        .filter_map(|m| m.first_nonfinite_op.map(|op| (m.rank, op)))
+        .collect();
+    first.sort_unstable();
+    first.dedup();
+    // The culprit fed it into its first reduction; the rest of its replica later.
+    assert_eq!(first, vec![(4, 1), (5, 1), (12, 1), (13, 0)]);
+}
+
+#[test]
+fn transfer_times_are_what_each_path_measures() {
+    let fault = "faults: [{step: 20, kind: slow_link, node: node-02, slowdown: 2.0}]\n";
     let dp_bytes = 512 << 20;
+    // warden_torch measures none.
+    let (_, torch) = record(&format!("{SMALL}capture: torch\n{fault}"));
+    assert!(collectives(&torch).all(|(_, c)| c.xfer_ns == 0));
+    // The plugin: across nodes, from just after the enqueue to the completion, which holds
+    // the wait; inside a node, none.
+    let (_, nccl) = record(&format!("{SMALL}{fault}"));
     let mut slow = vec![];
     let mut others = vec![];
-    let mut before = vec![];
-    for (b, c) in collectives(&rec) {
+    for (b, c) in collectives(&nccl) {
         if c.in_flight() || c.bytes != dp_bytes {
             continue;
         }
-        if c.seq <= 20 {
-            before.push(c.xfer_ns as f64);
-        } else if b.node == "node-02" {
-            slow.push(c.xfer_ns as f64);
-        } else {
-            others.push(c.xfer_ns as f64);
+        let held = c.end_ns - c.start_ns - c.xfer_ns as i64;
+        assert!(
+            (0..=100_000).contains(&held),
+            "xfer is the whole time inside: {held} ns"
+        );
+        if c.seq > 20 {
+            if b.node == "node-02" {
+                slow.push(c.xfer_ns as f64);
+            } else {
+                others.push(c.xfer_ns as f64);
+            }
         }
     }
+    // A ring is paced by its slowest link for every member: node-02 does not stand out.
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let ratio = mean(&slow) / mean(&others);
-    assert!((1.8..2.2).contains(&ratio), "slow/other xfer ratio {ratio}");
-    assert!((mean(&others) / mean(&before) - 1.0).abs() < 0.05);
-    // Arrivals stay even: TP collectives inside node-02 (NVLink) are not slower.
-    let tp_slow: Vec<f64> = collectives(&rec)
-        .filter(|(b, c)| !c.in_flight() && c.bytes == 64 << 20 && b.node == "node-02" && c.seq > 60)
-        .map(|(_, c)| c.xfer_ns as f64)
-        .collect();
-    assert!(mean(&tp_slow) < 0.0025e9);
+    assert!((0.6..1.6).contains(&ratio), "slow/other xfer ratio {ratio}");
+    assert!(
+        collectives(&nccl)
+            .filter(|(_, c)| !c.in_flight() && c.bytes == 64 << 20)
+            .all(|(_, c)| c.xfer_ns == 0),
+        "no transfer time inside a node"
+    );
 }
 
 #[test]
@@ -443,7 +498,9 @@ fn lost_batches_are_counted_and_critical_records_repeat() {
         .collect();
     dead.sort_unstable();
     dead.dedup();
-    assert!(dead.len() >= 15, "{} exits arrived", dead.len());
+    // An exit is sent three times; two ranks of one node die together and share their
+    // batches, so losing all three (0.8 % a node) loses both.
+    assert!(dead.len() >= 14, "{} exits arrived: {dead:?}", dead.len());
 }
 
 #[test]

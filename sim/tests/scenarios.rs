@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use warden_sim::{Report, RunOptions, Scenario, run, score};
+use warden_sim::{Capture, Report, RunOptions, Scenario, run, score};
 
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -35,13 +35,8 @@ fn every_shipped_scenario_loads() {
     assert!(errors.is_empty(), "{errors:#?}");
 }
 
-#[test]
-fn the_controller_meets_its_targets_on_the_suite() {
-    let files = yaml_files(&suite_dir());
-    let scenarios: Vec<Scenario> = files
-        .iter()
-        .map(|f| Scenario::load(f).expect("valid scenario"))
-        .collect();
+/// Run `scenarios` on two threads, in order of the list, and return their reports.
+fn run_all(scenarios: &[Scenario]) -> Vec<Report> {
     let next = Mutex::new(0usize);
     let reports = Mutex::new(Vec::<Report>::new());
     std::thread::scope(|s| {
@@ -55,9 +50,10 @@ fn the_controller_meets_its_targets_on_the_suite() {
                         i
                     };
                     let Some(sc) = scenarios.get(i) else { break };
-                    let rep = run(sc, RunOptions::default());
+                    let mut rep = run(sc, RunOptions::default());
+                    rep.scenario = format!("{} [{}]", rep.scenario, sc.capture.label());
                     println!(
-                        "{:<24} {:>5} ranks {:>7.1} sim s {:>6.2} wall s {:>3} faults {:>3} incidents",
+                        "{:<32} {:>5} ranks {:>7.1} sim s {:>6.2} wall s {:>3} faults {:>3} incidents",
                         rep.scenario,
                         rep.ranks,
                         rep.sim_seconds,
@@ -72,6 +68,28 @@ fn the_controller_meets_its_targets_on_the_suite() {
     });
     let mut reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
     reports.sort_by(|a, b| a.scenario.cmp(&b.scenario));
+    reports
+}
+
+/// The suite under every capture path: each scenario that names no path runs once per
+/// path, each that names one runs under it alone.
+#[test]
+fn the_controller_meets_its_targets_on_the_suite_under_each_capture_path() {
+    let files = yaml_files(&suite_dir());
+    let mut scenarios: Vec<Scenario> = vec![];
+    for f in &files {
+        let sc = Scenario::load(f).expect("valid scenario");
+        if sc.capture_named {
+            scenarios.push(sc);
+            continue;
+        }
+        for c in Capture::ALL {
+            let mut s = sc.clone();
+            s.capture = c;
+            scenarios.push(s);
+        }
+    }
+    let reports = run_all(&scenarios);
     assert_eq!(reports.len(), scenarios.len());
     let expected_faults: usize = scenarios.iter().map(|s| s.faults.len()).sum();
     let took_effect: usize = reports.iter().map(|r| r.faults.len()).sum();
@@ -79,13 +97,57 @@ fn the_controller_meets_its_targets_on_the_suite() {
         took_effect, expected_faults,
         "every injected fault took effect"
     );
-    let card = score(&reports);
-    println!("{card}");
-    let failures = card.failures();
+    for c in Capture::ALL {
+        let tag = format!("[{}]", c.label());
+        let mine: Vec<Report> = reports
+            .iter()
+            .filter(|r| r.scenario.ends_with(&tag))
+            .cloned()
+            .collect();
+        let card = score(&mine);
+        println!("capture {}:\n{card}", c.label());
+        let failures = card.failures();
+        assert!(
+            failures.is_empty(),
+            "capture {}: {} unmet targets:\n{}",
+            c.label(),
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+}
+
+/// Nodes of one and two GPUs under heavy noise, over 20 seeds and every capture path:
+/// no straggler, nor anything else, in jobs without faults.
+#[test]
+fn small_nodes_under_heavy_noise_raise_nothing_over_twenty_seeds() {
+    let mut scenarios = vec![];
+    for file in ["clean-heavy-gpn1.yaml", "clean-heavy-gpn2.yaml"] {
+        let base = Scenario::load(&suite_dir().join(file)).expect("valid scenario");
+        for seed in 0..20u64 {
+            for c in Capture::ALL {
+                let mut s = base.clone();
+                s.seed = 10_000 + seed;
+                s.steps = 250;
+                s.capture = c;
+                s.name = format!("{}-seed{}", base.name, s.seed);
+                scenarios.push(s);
+            }
+        }
+    }
+    let reports = run_all(&scenarios);
+    let noisy: Vec<String> = reports
+        .iter()
+        .flat_map(|r| {
+            r.incidents
+                .iter()
+                .map(move |i| format!("{}: {} {:?} {}", r.scenario, i.kind, i.nodes, i.summary))
+        })
+        .collect();
     assert!(
-        failures.is_empty(),
-        "{} unmet targets:\n{}",
-        failures.len(),
-        failures.join("\n")
+        noisy.is_empty(),
+        "{} incidents:\n{}",
+        noisy.len(),
+        noisy.join("\n")
     );
 }

@@ -107,6 +107,7 @@ impl StepMetric {
                 .throughput
                 .filter(|t| t.unit == ThroughputUnit::TokensPerS)
                 .map(|t| t.value),
+            first_nonfinite_op: None,
         })
     }
 }

@@ -132,21 +132,37 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let iteration = job.iteration_secs();
     let mut stalls: Vec<Stall<'_>> = Vec::new();
     for c in &job.comms {
-        if c.inflight_since == Timestamp::MAX
-            || now.secs_since(c.inflight_since) < cfg.min_wait_secs
-        {
-            continue;
-        }
         let seq = c
             .members
             .iter()
             .map(|m| m.last_started_seq)
             .max()
             .unwrap_or(0);
-        if seq <= c.max_completed_seq {
+        let alive = |r: u32| job.ranks.get(r).is_some_and(|x| x.alive());
+        // Inside one node the NCCL plugin's default mask shows the enqueue as the
+        // completion (no proxy operations there); a collective that a live member never
+        // entered has not completed, whatever the others reported.
+        let unconfirmed = seq > 0
+            && c.members
+                .iter()
+                .any(|m| m.last_started_seq < seq && alive(m.rank))
+            && job.inside_one_node(c);
+        let since = if unconfirmed {
+            c.members
+                .iter()
+                .filter(|m| m.last_started_seq == seq)
+                .map(|m| m.last_started_at)
+                .min()
+                .unwrap_or(Timestamp::MAX)
+        } else {
+            c.inflight_since
+        };
+        if since == Timestamp::MAX || now.secs_since(since) < cfg.min_wait_secs {
             continue;
         }
-        let alive = |r: u32| job.ranks.get(r).is_some_and(|x| x.alive());
+        if seq <= c.max_completed_seq && !unconfirmed {
+            continue;
+        }
         let mut waiting = 0;
         let mut oldest = Timestamp::MAX;
         let mut still_reported = Timestamp::ZERO;
@@ -159,12 +175,19 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
                 waits_on_dead |= m.last_started_seq < seq;
                 continue;
             }
-            if m.last_started_seq == seq && m.last_completed_seq < seq {
+            if m.last_started_seq == seq && (m.last_completed_seq < seq || unconfirmed) {
                 // Still inside only if nothing it entered later has completed.
                 if job.moved_on_at(m.rank) <= m.last_started_at {
                     waiting += 1;
                     oldest = oldest.min(m.last_started_at);
-                    still_reported = still_reported.max(m.inflight_seen);
+                    still_reported = still_reported.max(if unconfirmed {
+                        // Its record says completed; its agent has said nothing newer.
+                        job.ranks
+                            .get(m.rank)
+                            .map_or(m.inflight_seen, |r| w.cluster.cut_of(r.node))
+                    } else {
+                        m.inflight_seen
+                    });
                     let before = job.last_progress(m.rank);
                     if before > Timestamp::ZERO {
                         waiter_gaps.push(m.last_started_at.secs_since(before).max(0.0));
@@ -186,11 +209,19 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         {
             continue;
         }
-        let bound = bound_secs(
+        let mut bound = bound_secs(
             cfg,
             learned.get(&class_of(c)).copied().unwrap_or_default(),
             iteration,
         );
+        if unconfirmed {
+            // Its waits were never seen (enqueues stood in for completions): only the
+            // job's iteration time says how late a member may legitimately be.
+            bound = match iteration.filter(|p| p.is_finite() && *p > 0.0) {
+                Some(p) => bound.max(cfg.prior_iterations * p),
+                None => bound.max(cfg.warmup_secs),
+            };
+        }
         // A wait is only confirmed up to the moment the laggards' agents last reported
         // (a member that arrived after its agent's last batch looks missing until the
         // next one) and the waiters' agents last said they were still inside (when a
@@ -242,6 +273,22 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         .collect();
     culprits.sort_unstable();
     culprits.dedup();
+    // A candidate that entered an operation another candidate never entered is held
+    // by that one, whatever completion it reported: a collective cannot complete
+    // without all its members, and on the NCCL plugin's default mask an operation
+    // inside a node shows its enqueue as its completion (no proxy operations there).
+    let held: Vec<u32> = culprits
+        .iter()
+        .copied()
+        .filter(|&r| {
+            culprits
+                .iter()
+                .any(|&p| p != r && job.entered_what_peer_never_did(r, p))
+        })
+        .collect();
+    if held.len() < culprits.len() {
+        culprits.retain(|r| !held.contains(r));
+    }
     let blocked = job
         .ranks
         .iter()

@@ -161,6 +161,12 @@ impl Job {
     }
 
     fn metric(&mut self, r: u32, step: u64, t: f64, loss: f64, grad: f64) {
+        self.checked_metric(r, step, t, loss, grad, None);
+    }
+
+    /// [`Job::metric`] from a rank running warden_torch's input check, which found its
+    /// `op`-th collective input of the step non-finite (`None`: every input finite).
+    fn checked_metric(&mut self, r: u32, step: u64, t: f64, loss: f64, grad: f64, op: Option<u32>) {
         let m = TrainingMetric {
             rank: r,
             step,
@@ -168,6 +174,7 @@ impl Job {
             loss: Some(loss),
             grad_norm: Some(grad),
             tokens_per_s: None,
+            first_nonfinite_op: op,
         };
         self.send(
             self.node_of(r),
@@ -227,7 +234,13 @@ impl Job {
             IncidentKind::Crash => super::crash::check(&cfg.crash, w, now),
             IncidentKind::Nan => super::nan::check(&cfg.nan, w, now),
             IncidentKind::Straggler => super::straggler::check(&cfg.straggler, w, now),
-            IncidentKind::SlowLink => super::slow_link::check(&cfg.slow_link, w, now),
+            IncidentKind::SlowLink => {
+                let cfg = super::slow_link::SlowLinkConfig {
+                    enabled: true,
+                    ..cfg.slow_link.clone()
+                };
+                super::slow_link::check(&cfg, w, now)
+            }
             IncidentKind::GpuFault => super::gpu::check(&cfg.gpu, &self.cluster, now),
         };
         verdicts
@@ -624,13 +637,120 @@ fn nan_culprit_is_the_rank_whose_loss_went_first() {
 }
 
 #[test]
-fn nan_with_no_loss_signal_falls_back_to_time() {
+fn a_nan_every_rank_showed_at_the_same_step_names_no_rank_by_arrival_time() {
     let mut j = Job::new(4, 1);
     j.metric(1, 10, 10.0, 2.0, f64::INFINITY);
     for r in [0, 2, 3] {
         j.metric(r, 10, 10.3, 2.0, f64::NAN);
     }
-    check(&j, IncidentKind::Nan, 11.0, Some(&[1]));
+    check(&j, IncidentKind::Nan, 11.0, Some(&[]));
+}
+
+#[test]
+fn the_input_check_names_the_rank_that_fed_the_nan_over_a_tp_peer_that_fed_it_later() {
+    // Two tensor-parallel pairs, {0, 1} on node 0 and {2, 3} on node 1, each reporting
+    // its pair's reduced loss. Rank 1 fed the NaN into operation 3 of step 10; its peer
+    // rank 0 got it from that reduction and fed it into operation 5, and reported
+    // first; the other pair saw it only at step 11.
+    let mut j = Job::new(2, 2);
+    for r in 0..4 {
+        j.checked_metric(r, 9, 9.0, 2.0, 1.0, None);
+    }
+    j.checked_metric(0, 10, 10.0, f64::NAN, f64::NAN, Some(5));
+    j.checked_metric(1, 10, 10.02, f64::NAN, f64::NAN, Some(3));
+    for r in [2, 3] {
+        j.checked_metric(r, 10, 10.0, 2.0, f64::NAN, None);
+        j.checked_metric(r, 11, 11.0, f64::NAN, f64::NAN, Some(0));
+    }
+    check(&j, IncidentKind::Nan, 11.5, Some(&[1]));
+    let f = &j.findings(IncidentKind::Nan, 11.5)[0];
+    assert_eq!(f.confidence, 0.95);
+    assert_eq!(f.nodes, ["node-00"]);
+    assert!(f.summary.contains("input check"), "{}", f.summary);
+    assert!(
+        f.evidence[0].text.contains("operation 3 of step 10"),
+        "{:#?}",
+        f.evidence
+    );
+    assert!(
+        f.evidence[1]
+            .text
+            .contains("rank 0 at operation 5 of step 10"),
+        "{:#?}",
+        f.evidence
+    );
+}
+
+#[test]
+fn an_input_blip_the_job_recovered_from_is_not_the_culprit() {
+    // Rank 0 overflowed into a reduction at step 3 (a loss-scaled fp16 step the
+    // optimizer skipped) and trained on; rank 2 fed the NaN that stayed, at step 10.
+    let mut j = Job::new(4, 1);
+    j.checked_metric(0, 3, 3.0, 2.0, 1.0, Some(0));
+    for r in 0..4 {
+        j.checked_metric(r, 9, 9.0, 2.0, 1.0, None);
+    }
+    for r in 0..4 {
+        let op = (r == 2).then_some(7);
+        j.checked_metric(r, 10, 10.0, f64::NAN, f64::NAN, op);
+    }
+    check(&j, IncidentKind::Nan, 11.0, Some(&[2]));
+}
+
+#[test]
+fn a_reduced_loss_on_every_rank_names_the_job_and_the_step_but_no_rank() {
+    // Megatron logs the loss averaged over data parallel: every rank reports the same
+    // NaN, rank 5's a moment before the others.
+    let mut j = Job::new(2, 4);
+    for r in 0..8 {
+        j.metric(r, 9, 9.0, 2.0, 1.0);
+    }
+    j.metric(5, 10, 10.0, f64::NAN, f64::NAN);
+    for r in (0..8).filter(|&r| r != 5) {
+        j.metric(r, 10, 10.2, f64::NAN, f64::NAN);
+    }
+    check(&j, IncidentKind::Nan, 11.0, Some(&[]));
+    let f = &j.findings(IncidentKind::Nan, 11.0)[0];
+    assert_eq!(f.job.as_deref(), Some("j"));
+    assert!(f.nodes.is_empty() && f.gpus.is_empty(), "{f:#?}");
+    assert!(f.confidence < 0.5, "{}", f.confidence);
+    assert!(
+        f.summary.contains("step 10") && f.summary.contains("rank is unknown"),
+        "{}",
+        f.summary
+    );
+}
+
+#[test]
+fn a_local_loss_on_one_replica_names_every_rank_of_that_replica() {
+    // Two replicas of four ranks (tensor and pipeline parallel inside each), each
+    // reporting its own loss; replica {4..7} went NaN at step 10, its ranks reporting
+    // up to 0.3 s apart; replica {0..3} saw only the gradient norm spread by the
+    // data-parallel reduction.
+    let mut j = Job::new(2, 4);
+    for r in 0..8 {
+        j.metric(r, 9, 9.0, 2.0, 1.0);
+    }
+    for r in 4..8 {
+        j.metric(r, 10, 10.0 + 0.1 * f64::from(r - 4), f64::NAN, f64::NAN);
+    }
+    for r in 0..4 {
+        j.metric(r, 10, 10.0, 2.0, f64::NAN);
+    }
+    check(&j, IncidentKind::Nan, 11.0, Some(&[4, 5, 6, 7]));
+    let f = &j.findings(IncidentKind::Nan, 11.0)[0];
+    assert_eq!(f.nodes, ["node-01"]);
+}
+
+#[test]
+fn a_rank_alone_first_is_named_alone() {
+    let mut j = Job::new(4, 1);
+    for r in 0..4 {
+        let loss = if r == 2 { f64::NAN } else { 2.0 };
+        j.metric(r, 10, 10.0 + 0.01 * f64::from(r), loss, f64::NAN);
+    }
+    check(&j, IncidentKind::Nan, 11.0, Some(&[2]));
+    assert_eq!(j.findings(IncidentKind::Nan, 11.0)[0].confidence, 0.95);
 }
 
 fn noisy(i: u32, k: usize) -> f64 {
@@ -750,6 +870,14 @@ fn slow_link_names_the_node_whose_own_transfers_are_slow() {
     assert_eq!(f.len(), 1, "{f:#?}");
     assert_eq!(f[0].nodes, vec!["node-03".to_string()]);
     check(&j, IncidentKind::Straggler, 10.0, None);
+    // At the default settings the detector judges nothing: no capture path reports a
+    // rank's own link time.
+    let w = Window {
+        job: &j.cluster.jobs["j"],
+        cluster: &j.cluster,
+    };
+    let cfg = DetectConfig::default();
+    assert!(super::slow_link::check(&cfg.slow_link, w, at(10.0)).is_empty());
 }
 
 #[test]
@@ -1146,7 +1274,9 @@ fn step_marks_every_few_steps_give_the_mean_step() {
     let mut j = Job::new(1, 1);
     let mut t = 0.0;
     let mut seq = 0;
-    for step in 1..=40u64 {
+    // Eleven marks: the first opens the count, the iteration after it gives only its
+    // length, and the last waits for a collective entered after it.
+    for step in 1..=44u64 {
         t += 0.3;
         seq += 1;
         j.coll(1, 0, seq, t, Some(t + 0.1));
@@ -1492,4 +1622,55 @@ fn a_terminated_rank_is_not_the_crash_when_another_died_first_by_itself() {
     j.reported_exit(0, 10.0, None, Some(15));
     j.reported_exit(3, 10.2, None, Some(11));
     check(&j, IncidentKind::Crash, 12.0, Some(&[3]));
+}
+
+#[test]
+fn inside_a_node_an_enqueue_that_stands_in_for_a_completion_does_not_hide_the_hang() {
+    // Two nodes of four ranks: communicator 1 inside node 0 (the NCCL plugin's default
+    // mask shows its enqueues as completions), data-parallel pairs 10 + r across nodes.
+    let mut j = Job::new(2, 4);
+    let enqueue = 30e-6;
+    for step in 1..=6u64 {
+        let t = step as f64 * 0.5;
+        for r in 0..4 {
+            j.coll(1, r, step, t, Some(t + enqueue));
+        }
+        for r in 0..4 {
+            for m in [r, r + 4] {
+                j.coll(10 + u64::from(r), m, step, t + 0.2, Some(t + 0.3));
+                j.metric(m, step, t + 0.31, 1.0, 1.0);
+            }
+        }
+    }
+    // Step 7: rank 2 never enters; its peers enqueue (and so "complete") and then stay
+    // on their GPUs; node 1 enters the data-parallel all-reduces and waits there.
+    for r in [0, 1, 3] {
+        j.coll(1, r, 7, 3.5, Some(3.5 + enqueue));
+    }
+    for r in 4..8 {
+        j.coll(10 + u64::from(r - 4), r, 7, 3.7, None);
+    }
+    j.heartbeats(4.0);
+    check(&j, IncidentKind::Hang, 4.0, None);
+    j.heartbeats(7.0);
+    check(&j, IncidentKind::Hang, 7.0, Some(&[2]));
+}
+
+#[test]
+fn a_step_mark_that_arrives_before_the_collectives_it_closes_waits_for_them() {
+    // The plugin's segments are read every 0.5 s, warden_torch.step() goes out at once:
+    // each step's mark arrives before the completion of the all-reduce that ends it.
+    let mut j = Job::new(1, 1);
+    for step in 1..=12u64 {
+        let t = step as f64 * 0.5;
+        j.metric(0, step, t + 0.5, 1.0, 1.0);
+        j.coll(1, 0, step, t + 0.3, Some(t + 0.5));
+    }
+    let r = &j.cluster.jobs["j"].ranks[0];
+    let samples: Vec<f32> = r.compute.recent(8).map(|s| s.secs).collect();
+    assert!(samples.len() >= 8, "{samples:?}");
+    assert!(
+        samples.iter().all(|s| (s - 0.3).abs() < 0.01),
+        "{samples:?}"
+    );
 }

@@ -15,6 +15,12 @@ reporting in the same process, so that slow drift of the machine falls on both s
   reduces in four buckets a step.
 - ``DDP hook alone`` (``methods`` capture only): the step with that hook but reporting
   off, which is what the Python hook itself costs next to DDP's built-in path.
+- ``... input check``: the input check (``init(check_inputs=True)``) against reporting
+  without it, both sides reporting: a synchronous ``all_reduce`` of one float and of
+  1M floats (4 MB; a tenth as many calls a block), ``step()`` (which reads the check's
+  result), and the four-bucket DDP step. On this CPU-only machine the tensors are on
+  the CPU, so this is the host path (``torch.isfinite(t).all()`` read at once), not the
+  device path.
 
 Prints the median time per call of each side over the blocks and their difference.
 
@@ -42,13 +48,18 @@ def timed(fn, n):
     return (time.perf_counter_ns() - t0) / n / 1000.0
 
 
-def compare(name, off, on, blocks, per_block, report=True):
+def compare(name, off, on, blocks, per_block, report=True, sides=None):
     """Alternate blocks of ``off`` (reporting off) and ``on`` (reporting on, unless
-    ``report`` is False)."""
+    ``report`` is False). With ``sides``, a pair of ``init()`` keyword arguments, both
+    report: ``off`` with the first, ``on`` with the second."""
     a, b = [], []
     for k in range(blocks):
         for side in ((0, 1) if k % 2 == 0 else (1, 0)):
-            if side == 0:
+            if sides is not None:
+                warden_torch.shutdown()
+                warden_torch.init(**sides[side])
+                (a if side == 0 else b).append(timed(off if side == 0 else on, per_block))
+            elif side == 0:
                 warden_torch.shutdown()
                 a.append(timed(off, per_block))
             else:
@@ -57,7 +68,7 @@ def compare(name, off, on, blocks, per_block, report=True):
                 b.append(timed(on, per_block))
     warden_torch.shutdown()
     ma, mb = statistics.median(a), statistics.median(b)
-    print("%-18s without %8.2f us   with %8.2f us   cost %+7.2f us per call" % (name, ma, mb, mb - ma), flush=True)
+    print("%-32s without %8.2f us   with %8.2f us   cost %+7.2f us per call" % (name, ma, mb, mb - ma), flush=True)
     return mb - ma
 
 
@@ -135,6 +146,17 @@ def main():
     compare("DDP step, 4 buckets", train_step(*plain4), train_step(*hooked4), args.blocks, args.per_block)
     if mode == "methods":
         compare("DDP hook alone", train_step(*plain), train_step(*hooked), args.blocks, args.per_block, report=False)
+
+    check = ({"check_inputs": False}, {"check_inputs": True})
+    big = torch.ones(1 << 20)
+
+    def sync_big(i):
+        dist.all_reduce(big)
+
+    compare("all_reduce, input check", sync, sync, args.blocks, args.per_block, sides=check)
+    compare("all_reduce 4 MB, input check", sync_big, sync_big, args.blocks, max(args.per_block // 10, 10), sides=check)
+    compare("step(), input check", report, report, args.blocks, args.per_block, sides=check)
+    compare("DDP step, 4 buckets, input check", train_step(*hooked4), train_step(*hooked4), args.blocks, args.per_block, sides=check)
     dist.destroy_process_group()
 
 

@@ -24,19 +24,15 @@ Each rank listens on a Unix socket of its own in place of the agent. Checks:
 when every check holds; prints what failed otherwise.
 """
 
-import multiprocessing
 import os
-import socket
 import struct
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from fake_agent import leave, listen  # noqa: E402
+from fake_agent import leave, listen, run_ranks  # noqa: E402
 
 HEADER = struct.Struct("<2sBBII")
 
@@ -270,25 +266,7 @@ def main():
     if mode not in ("hooks", "methods"):
         print("usage: check_capture.py [hooks|methods]")
         sys.exit(2)
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    results = []
-    with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=rank_entry, args=(r, 2, port, d, mode, out)) for r in range(2)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + 180
-        while len(results) < 2 and time.monotonic() < deadline:
-            try:
-                results.append(out.get(timeout=1))
-            except Exception:
-                if all(p.exitcode is not None for p in procs):
-                    break
-        for p in procs:
-            p.join(30)
+    results = run_ranks(rank_entry, mode)
     problems, counts = check(results, mode) if len(results) == 2 else (["results from %d ranks" % len(results)], {})
     if problems:
         print("\n".join(problems))

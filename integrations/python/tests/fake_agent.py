@@ -13,14 +13,14 @@ import socket
 import struct
 import sys
 import threading
-import time
 
 
-def serve(path, frames, done):
+def serve(path, frames, done, listening):
     """Accept one connection and keep every frame's body until it closes."""
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(1)
+    listening.set()
     conn, _ = srv.accept()
     buf = b""
     while True:
@@ -41,10 +41,10 @@ def listen(sock_dir, rank):
     """(socket path, the frames received so far, an event set when the connection
     closed) of rank ``rank``'s stand-in agent, once it listens."""
     path = os.path.join(sock_dir, "rank%d.sock" % rank)
-    frames, closed = [], threading.Event()
-    threading.Thread(target=serve, args=(path, frames, closed), daemon=True).start()
-    while not os.path.exists(path):
-        time.sleep(0.01)
+    frames, closed, listening = [], threading.Event(), threading.Event()
+    threading.Thread(target=serve, args=(path, frames, closed, listening), daemon=True).start()
+    # Not once the path exists: a connection between bind() and listen() is refused.
+    listening.wait()
     return path, frames, closed
 
 
@@ -55,3 +55,33 @@ def leave(queue, code):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def run_ranks(rank_entry, mode, world=2, timeout=180):
+    """Run `rank_entry(rank, world, port, tmpdir, mode, queue)` in `world` spawned
+    processes (one gloo job on a free port) and return what they put on the queue."""
+    import multiprocessing
+    import socket
+    import tempfile
+    import time
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = []
+    with tempfile.TemporaryDirectory() as d:
+        procs = [ctx.Process(target=rank_entry, args=(r, world, port, d, mode, out)) for r in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        while len(results) < world and time.monotonic() < deadline:
+            try:
+                results.append(out.get(timeout=1))
+            except Exception:
+                if all(p.exitcode is not None for p in procs):
+                    break
+        for p in procs:
+            p.join(30)
+    return results

@@ -23,6 +23,15 @@ the connection is tried again every few seconds. The training loop always goes o
 nothing here raises into it. The agent learns of the process's death from the
 connection closing.
 
+With ``init(check_inputs=True)`` (or ``WARDEN_TORCH_CHECK_INPUTS=1``; off by default)
+every reducing operation (all-reduce, reduce-scatter, reduce) also checks its input
+tensors for a NaN or infinity before the reduction, and ``step()`` reports the index,
+from 0, of the first such operation among this rank's operations since the previous
+``step()``: the rank that fed a NaN into a reduction is then told apart from the peers
+that got it from the reduction. On CPU tensors the check is a plain one; on device
+tensors it stays on the device (a few small kernels on the current stream) and is read
+once, in ``step()``, with ``.item()``.
+
 The job id is ``WARDEN_JOB``, else ``SLURM_JOB_ID``, else ``TORCHELASTIC_RUN_ID`` unless it
 is ``none`` (plain ``torchrun`` sets that for every job), else one rank 0 makes up and
 shares through the process group's store (``torch-<date>-<time>-<random>``); the rank is
@@ -32,6 +41,7 @@ the process group's, else ``RANK``.
 import atexit
 import itertools
 import logging
+import math
 import os
 import socket
 import sys
@@ -40,7 +50,7 @@ import time
 
 from . import _wire
 
-__all__ = ["init", "step", "stats", "shutdown", "capture_mode", "DEFAULT_SOCKET"]
+__all__ = ["init", "step", "stats", "shutdown", "capture_mode", "checking_inputs", "DEFAULT_SOCKET"]
 
 DEFAULT_SOCKET = "/run/warden/capture.sock"
 _HELLO_EVERY_S = 5.0
@@ -95,6 +105,14 @@ class _State:
         self.exception = None
         self.exited = False
         self.patched = []
+        # The input check: whether it is on, operations begun since the last step(),
+        # the first with a non-finite input among those on the CPU, and per device a
+        # 0-d int64 tensor holding the smallest such index (_UNSEEN while none).
+        self.check_inputs = False
+        self.op_count = 0
+        self.nf_host = None
+        self.nf_dev = {}
+        self.torch = None
 
     def connect(self):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -304,6 +322,13 @@ _METHOD_OPS = {
     "recv": 8,
 }
 _SEND, _RECV = 7, 8
+# Operations that reduce their inputs: all-reduce, reduce-scatter, reduce.
+_REDUCING = (1, 3, 5)
+# Which positional argument of a ProcessGroup method holds the inputs of a reducing
+# operation: the first, but the second for reduce-scatter (outputs come first).
+_INPUT_ARG = {1: 0, 3: 1, 5: 0}
+# A device accumulator's value while it saw no non-finite input.
+_UNSEEN = 1 << 62
 # Point-to-point works whose backend gives no future (gloo's send and recv) end when
 # they are waited for; at most this many wait at once.
 _MAX_UNWAITED = 4096
@@ -322,6 +347,105 @@ def _begin(st, dist, pg, op, peer, nbytes):
     seq = next(c.seq)
     st.send(_wire.start(st.pid, st.rank, c.id, seq, op, nbytes, time.time_ns()))
     return c, seq
+
+
+def _tensors(x):
+    """The tensors of ``x``: a tensor, or nested lists and tuples of them."""
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif x is not None:
+        yield x
+
+
+def _defer(t):
+    """Whether ``t``'s check stays on its device, read only in ``step()``: everything
+    not on the CPU, where reading a result would wait for the device."""
+    return t.device.type != "cpu"
+
+
+def _can_hold_nan(t):
+    return t.numel() > 0 and (t.is_floating_point() or t.is_complex())
+
+
+def _host_finite(torch, t):
+    """Whether CPU tensor ``t`` holds no NaN or infinity; None for one that cannot hold
+    one (integers, empty). One reduction, its minimum and maximum (a NaN makes both NaN,
+    an infinity shows in one), and no tensor of ``t``'s size."""
+    if not _can_hold_nan(t):
+        return None
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    try:
+        lo, hi = torch.aminmax(t)
+    except Exception:  # a dtype without aminmax
+        return bool(torch.isfinite(t).all())
+    return math.isfinite(lo.item()) and math.isfinite(hi.item())
+
+
+def _device_finite(torch, t):
+    """A 0-d bool tensor on ``t``'s device, true when ``t`` holds no NaN or infinity,
+    queued and not read; None for a tensor that cannot hold one. For the usual training
+    dtypes one reduction and one test: their sum in float64 cannot overflow, so it is
+    NaN or infinite exactly when an element is."""
+    if not _can_hold_nan(t):
+        return None
+    try:
+        if t.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            return torch.isfinite(t.sum(dtype=torch.float64))
+        if t.dtype == torch.complex64:
+            return torch.isfinite(t.sum(dtype=torch.complex128))
+        lo, hi = torch.aminmax(torch.view_as_real(t) if t.is_complex() else t)
+        return torch.isfinite(lo) & torch.isfinite(hi)
+    except Exception:  # a dtype without these
+        return torch.isfinite(t).all()
+
+
+def _check_inputs(st, inputs, index):
+    """Note operation ``index`` when one of its ``inputs`` holds a NaN or infinity.
+    CPU tensors are checked at once; for device tensors the check is queued on the
+    device, folded into that device's accumulator, and read in ``step()``."""
+    torch = st.torch
+    flags = {}
+    for t in _tensors(inputs):
+        try:
+            if _defer(t):
+                ok = _device_finite(torch, t)
+                if ok is not None:
+                    prev = flags.get(t.device)
+                    flags[t.device] = ok if prev is None else prev & ok
+            elif st.nf_host is None and _host_finite(torch, t) is False:
+                st.nf_host = index
+        except Exception:
+            pass
+    for device, ok in flags.items():
+        try:
+            acc = st.nf_dev.get(device)
+            if acc is None:
+                acc = torch.full((), _UNSEEN, dtype=torch.int64, device=device)
+                st.nf_dev[device] = acc
+            torch.minimum(acc, torch.where(ok, _UNSEEN, index), out=acc)
+        except Exception:
+            pass
+
+
+def _take_first_nonfinite(st):
+    """The index of the first operation since the last ``step()`` whose input held a
+    NaN or infinity, or None, and clears it. Reads each device's accumulator
+    (``.item()`` waits for the work queued before it on the current stream)."""
+    first = st.nf_host
+    st.nf_host = None
+    for acc in list(st.nf_dev.values()):
+        try:
+            seen = int(acc.item())
+            acc.fill_(_UNSEEN)
+        except Exception:
+            continue
+        if seen < _UNSEEN and (first is None or seen < first):
+            first = seen
+    if first is not None and first > _wire.MAX_OP_INDEX:
+        return None
+    return first
 
 
 def _on_device(x):
@@ -463,6 +587,10 @@ def _hook_pg(st, dist, pg):
             op = _HOOK_OPS.get(a.name.name)
             if op is None:
                 return
+            index = s.op_count
+            s.op_count = index + 1
+            if s.check_inputs and op in _REDUCING:
+                _check_inputs(s, a.input_tensors, index)
             peer = a.root if op in (_SEND, _RECV) else None
             key = _begin(s, dist, pg, op, peer, _nbytes(a.input_tensors))
             if key is not None:
@@ -545,12 +673,17 @@ def _patch_methods(st, dist):
 
 def _method_wrapper(dist, orig, op):
     p2p = op in (_SEND, _RECV)
+    inputs_at = _INPUT_ARG.get(op)
 
     def method(self, *args, **kwargs):
         st = _state
         if st is None or st.exited:
             return orig(self, *args, **kwargs)
         try:
+            index = st.op_count
+            st.op_count = index + 1
+            if st.check_inputs and inputs_at is not None and len(args) > inputs_at:
+                _check_inputs(st, args[inputs_at], index)
             peer = None
             if p2p:
                 peer = args[1] if len(args) > 1 else kwargs.get("dstRank", kwargs.get("srcRank"))
@@ -652,9 +785,18 @@ def _patch_ddp(st):
         st.patched.append((DDP, "_register_builtin_comm_hook", orig_builtin))
 
 
-def init(job=None, socket_path=None, rank=None, world_size=None, local_rank=None, ddp=True):
+def _env_flag(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def init(job=None, socket_path=None, rank=None, world_size=None, local_rank=None, ddp=True, check_inputs=None):
     """Start reporting. Returns True when reporting is on, False when it could not be
-    (no job id, no torch.distributed); it never raises. Safe to call twice."""
+    (no job id, no torch.distributed); it never raises. Safe to call twice.
+
+    ``check_inputs``: check the inputs of every reducing operation for a NaN or
+    infinity before the reduction and report the first such operation of each step
+    (see the module's documentation); None (the default) takes
+    ``WARDEN_TORCH_CHECK_INPUTS`` (``1`` turns it on), else off."""
     global _state
     try:
         if _state is not None:
@@ -682,6 +824,13 @@ def init(job=None, socket_path=None, rank=None, world_size=None, local_rank=None
             pass
         path = socket_path or os.environ.get("WARDEN_AGENT_SOCKET") or DEFAULT_SOCKET
         st = _State(path, str(job), int(rank), int(world_size), int(local_rank), int(gpu))
+        if check_inputs is None:
+            check_inputs = _env_flag("WARDEN_TORCH_CHECK_INPUTS")
+        if check_inputs:
+            import torch
+
+            st.torch = torch
+            st.check_inputs = True
         st.next_hello = time.monotonic() + _HELLO_EVERY_S
         connected = st.connect()
         _state = st
@@ -703,11 +852,15 @@ def init(job=None, socket_path=None, rank=None, world_size=None, local_rank=None
 
 
 def step(step_no, loss=None, grad_norm=None, tokens_per_s=None):
-    """Report one training step's numbers (floats or one-element tensors). Never raises."""
+    """Report one training step's numbers (floats or one-element tensors), and with the
+    input check on, the first operation since the last ``step()`` whose input held a
+    NaN or infinity. Never raises."""
     st = _state
     if st is None:
         return
     try:
+        first = _take_first_nonfinite(st) if st.check_inputs else None
+        st.op_count = 0
         st.send(
             _wire.step(
                 st.pid,
@@ -717,6 +870,7 @@ def step(step_no, loss=None, grad_norm=None, tokens_per_s=None):
                 _float(loss),
                 _float(grad_norm),
                 _float(tokens_per_s),
+                first,
             )
         )
     except Exception:
@@ -738,6 +892,13 @@ def capture_mode():
     ``init()``."""
     st = _state
     return st.mode if st else None
+
+
+def checking_inputs():
+    """Whether reducing operations' inputs are checked for NaN and infinity
+    (``init(check_inputs=True)`` or ``WARDEN_TORCH_CHECK_INPUTS=1``)."""
+    st = _state
+    return bool(st and st.check_inputs)
 
 
 def stats():

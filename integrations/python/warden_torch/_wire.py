@@ -39,6 +39,11 @@ _LEN = struct.Struct("<H")
 _START = struct.Struct("<H2sBBIIQQIQq")
 _END = struct.Struct("<H2sBBIIQQq")
 _STEP = struct.Struct("<H2sBBIIQqIddd")
+# A step with flag 8: the op index follows the three numbers.
+_STEP_OP = struct.Struct("<H2sBBIIQqIdddI")
+STEP_LOSS, STEP_GRAD_NORM, STEP_TOKENS, STEP_OP_INDEX = 1, 2, 4, 8
+# The largest op index the agent accepts (model/src/wire.rs MAX_OP_INDEX).
+MAX_OP_INDEX = 1 << 20
 
 
 def frame(message):
@@ -69,16 +74,26 @@ def end(pid, rank, comm_id, seq, at_ns):
     return _END.pack(_END.size - 2, b"WT", VERSION, END, pid, rank, comm_id, seq, at_ns)
 
 
-def step(pid, rank, step_no, at_ns, loss, grad_norm, tokens_per_s):
+def step(pid, rank, step_no, at_ns, loss, grad_norm, tokens_per_s, first_nonfinite_op=None):
+    """A step message; with ``first_nonfinite_op`` (the input check's op index, at most
+    ``MAX_OP_INDEX``) flag 8 and the index after the three numbers. An agent that does
+    not know flag 8 ignores both."""
     flags = 0
     if loss is not None:
-        flags |= 1
+        flags |= STEP_LOSS
     if grad_norm is not None:
-        flags |= 2
+        flags |= STEP_GRAD_NORM
     if tokens_per_s is not None:
-        flags |= 4
-    return _STEP.pack(
-        _STEP.size - 2,
+        flags |= STEP_TOKENS
+    numbers = (
+        0.0 if loss is None else loss,
+        0.0 if grad_norm is None else grad_norm,
+        0.0 if tokens_per_s is None else tokens_per_s,
+    )
+    if first_nonfinite_op is None:
+        return _STEP.pack(_STEP.size - 2, b"WT", VERSION, STEP, pid, rank, step_no, at_ns, flags, *numbers)
+    return _STEP_OP.pack(
+        _STEP_OP.size - 2,
         b"WT",
         VERSION,
         STEP,
@@ -86,10 +101,9 @@ def step(pid, rank, step_no, at_ns, loss, grad_norm, tokens_per_s):
         rank,
         step_no,
         at_ns,
-        flags,
-        0.0 if loss is None else loss,
-        0.0 if grad_norm is None else grad_norm,
-        0.0 if tokens_per_s is None else tokens_per_s,
+        flags | STEP_OP_INDEX,
+        *numbers,
+        first_nonfinite_op,
     )
 
 
