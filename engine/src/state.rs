@@ -1729,23 +1729,19 @@ const MAX_INSIDE_NODE_MEMBERS: usize = 16;
 /// A collective cannot complete before its last member entered it. Inside one node the
 /// NCCL plugin's default mask reports the enqueue as the completion (no proxy
 /// operations there), so in a communicator whose members share a node (and so a clock),
-/// a member's entry of `ev.seq` extends the other members' spans of it, and the latest
-/// entry of it seen so far is returned to extend this one's (0 where there is none or
-/// the communicator spans nodes).
+/// a member's first record of `ev.seq` (`entered`) extends the other members' spans of
+/// it, and the latest entry of it seen so far is returned to extend this one's (0 where
+/// there is none or the communicator spans nodes).
 fn waited_inside_node(
     job: &mut JobState,
     ci: u32,
     slot: u32,
     ev: &CollectiveEvent,
     offset: i64,
+    entered: bool,
 ) -> i64 {
     let c = &job.comms[ci as usize];
-    if c.members.len() > MAX_INSIDE_NODE_MEMBERS || c.members.len() < 2 {
-        return 0;
-    }
-    let node = |r: u32| job.ranks.get(r).map_or(NO_NODE, |x| x.node);
-    let first = node(c.members[0].rank);
-    if first == NO_NODE || c.members.iter().any(|m| node(m.rank) != first) {
+    if c.members.len() > MAX_INSIDE_NODE_MEMBERS || !job.inside_one_node(c) {
         return 0;
     }
     let mut peers: [u32; MAX_INSIDE_NODE_MEMBERS] = [0; MAX_INSIDE_NODE_MEMBERS];
@@ -1762,11 +1758,13 @@ fn waited_inside_node(
             latest = latest.max(m.last_started_at.0.saturating_add(offset));
         }
     }
-    for &p in &peers[..n] {
-        if let Some(r) = job.ranks.get_mut(p) {
-            for span in r.spans.iter_mut().rev().take(32) {
-                if span.2 == ci && span.3 == ev.seq && span.1 < ev.start_ns {
-                    span.1 = ev.start_ns;
+    if entered {
+        for &p in &peers[..n] {
+            if let Some(r) = job.ranks.get_mut(p) {
+                for span in r.spans.iter_mut().rev().take(32) {
+                    if span.2 == ci && span.3 == ev.seq && span.1 < ev.start_ns {
+                        span.1 = ev.start_ns;
+                    }
                 }
             }
         }
@@ -1789,7 +1787,8 @@ fn apply_collective(
         return false;
     };
     let start = Timestamp(ev.start_ns.saturating_sub(offset));
-    if ev.seq > job.comms[ci as usize].members[slot as usize].last_started_seq {
+    let entered = ev.seq > job.comms[ci as usize].members[slot as usize].last_started_seq;
+    if entered {
         let before = job.last_progress(ev.rank);
         if before > Timestamp::ZERO && start > before {
             job.ranks[ev.rank]
@@ -1797,7 +1796,7 @@ fn apply_collective(
                 .push(start.secs_since(before) as f32);
         }
     }
-    let last_peer_entry = waited_inside_node(job, ci, slot, ev, offset);
+    let last_peer_entry = waited_inside_node(job, ci, slot, ev, offset, entered);
     let comm = &mut job.comms[ci as usize];
     comm.op = ev.op;
     comm.bytes = ev.bytes;

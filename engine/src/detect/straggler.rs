@@ -78,8 +78,8 @@ struct Scores {
 /// many, the lower quartile when there are fewer, the smallest when there are five or
 /// fewer (a node of one or two ranks in a short window). A slow node is slow in every
 /// sample; chance hiccups must then fill nearly all of a small pool to pass for one
-/// (four of five at 3 % a step happen once in 250,000 windows, which a fleet of small
-/// nodes runs through in a day).
+/// (four of five at 3 % a step: C(5,4)·0.03⁴ ≈ 1 in 250,000 windows, which 64 nodes of
+/// 20 seeds of `small_nodes_under_heavy_noise_raise_nothing_over_twenty_seeds` exceed).
 fn node_score(pooled: &mut [f64]) -> Option<f64> {
     if pooled.is_empty() {
         return None;

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from fake_agent import leave, listen, run_ranks  # noqa: E402
+from fake_agent import listen, run_ranks  # noqa: E402
 
 HEADER = struct.Struct("<2sBBII")
 
@@ -170,17 +170,6 @@ def rank_main(rank, world, port, sock_dir, mode, out):
     dist.destroy_process_group()
 
 
-def rank_entry(rank, world, port, sock_dir, mode, out):
-    code = 0
-    os.environ["WARDEN_TORCH_CAPTURE"] = mode
-    try:
-        rank_main(rank, world, port, sock_dir, mode, out)
-    except BaseException as e:
-        out.put((rank, ["raised %s: %s" % (type(e).__name__, e)], {}, [], []))
-        code = 1
-    leave(out, code)
-
-
 def check(results, mode):
     from warden_torch import _wire
 
@@ -266,7 +255,7 @@ def main():
     if mode not in ("hooks", "methods"):
         print("usage: check_capture.py [hooks|methods]")
         sys.exit(2)
-    results = run_ranks(rank_entry, mode)
+    results = run_ranks(rank_main, mode, failed=({}, [], []))
     problems, counts = check(results, mode) if len(results) == 2 else (["results from %d ranks" % len(results)], {})
     if problems:
         print("\n".join(problems))

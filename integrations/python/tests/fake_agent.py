@@ -57,9 +57,25 @@ def leave(queue, code):
     os._exit(code)
 
 
-def run_ranks(rank_entry, mode, world=2, timeout=180):
-    """Run `rank_entry(rank, world, port, tmpdir, mode, queue)` in `world` spawned
-    processes (one gloo job on a free port) and return what they put on the queue."""
+def _rank_entry(rank_main, failed, rank, world, port, sock_dir, mode, out):
+    """One spawned rank: `rank_main` under capture `mode`; an exception it raises is put
+    on the queue as `(rank, [what it raised], *failed)`."""
+    import os
+
+    code = 0
+    os.environ["WARDEN_TORCH_CAPTURE"] = mode
+    try:
+        rank_main(rank, world, port, sock_dir, mode, out)
+    except BaseException as e:
+        out.put((rank, ["raised %s: %s" % (type(e).__name__, e)], *failed))
+        code = 1
+    leave(out, code)
+
+
+def run_ranks(rank_main, mode, failed, world=2, timeout=180):
+    """Run `rank_main(rank, world, port, tmpdir, mode, queue)` under capture `mode` in
+    `world` spawned processes (one gloo job on a free port) and return what they put on
+    the queue; a rank that raises puts `(rank, [what it raised], *failed)`."""
     import multiprocessing
     import socket
     import tempfile
@@ -72,7 +88,10 @@ def run_ranks(rank_entry, mode, world=2, timeout=180):
         port = s.getsockname()[1]
     results = []
     with tempfile.TemporaryDirectory() as d:
-        procs = [ctx.Process(target=rank_entry, args=(r, world, port, d, mode, out)) for r in range(world)]
+        procs = [
+            ctx.Process(target=_rank_entry, args=(rank_main, failed, r, world, port, d, mode, out))
+            for r in range(world)
+        ]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
