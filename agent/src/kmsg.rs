@@ -220,11 +220,8 @@ fn parse_xid(msg: &str, rest: &str) -> Option<KernelEvent> {
         }
         rest = after;
     }
-    let mut severity = XidCatalog::builtin().severity(code);
     // XID 154 states the recovery the other XIDs need.
-    if code == 154 && (rest.contains("Reset Required") || rest.contains("Reboot Required")) {
-        severity = EventSeverity::Fatal;
-    }
+    let severity = XidCatalog::builtin().severity_in(code, rest);
     Some(KernelEvent {
         kind: NodeEventKind::Xid,
         severity,

@@ -46,4 +46,4 @@ pub mod progress;
 pub mod runtime;
 pub mod ship;
 pub mod window;
-pub mod xid;
+pub use warden_model::xid;

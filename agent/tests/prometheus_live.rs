@@ -206,8 +206,7 @@ static QUIET: &[Quiet] = &[
         panel: "Drained nodes and owner",
         ref_id: "A",
         needs: Needs::DemoFault,
-        why: "only drained nodes (the policy drains node-09 and node-20 on the demo's \
-              fatal XIDs)",
+        why: "only drained nodes (the policy drains node-20 on the demo's fatal XID 79)",
     },
     Quiet {
         dashboard: "cluster-overview.json",
@@ -215,8 +214,7 @@ static QUIET: &[Quiet] = &[
         panel: "Drained nodes by owner",
         ref_id: "A",
         needs: Needs::DemoFault,
-        why: "only drained nodes (the policy drains node-09 and node-20 on the demo's \
-              fatal XIDs)",
+        why: "only drained nodes (the policy drains node-20 on the demo's fatal XID 79)",
     },
     Quiet {
         dashboard: "warden.json",

@@ -8,6 +8,8 @@ mod client;
 #[cfg(feature = "demo")]
 mod demo;
 mod diagnose;
+#[cfg(feature = "demo")]
+mod fleet;
 mod ops;
 mod settings;
 mod show;
@@ -57,9 +59,10 @@ enum Command {
     /// List, show, acknowledge and resolve incidents on a running controller.
     #[command(after_help = ops::EXIT_CODES_HELP)]
     Incidents(ops::IncidentsArgs),
-    /// List nodes: agents heard from and nodes held drained.
+    /// List nodes: agents heard from and nodes held drained; `nodes health [NAME]`:
+    /// their health in the node-health ledger.
     #[command(after_help = ops::EXIT_CODES_HELP)]
-    Nodes(ops::PlainArgs),
+    Nodes(ops::NodesArgs),
     /// Drain a node: no new work goes to it.
     #[command(after_help = ops::EXIT_CODES_HELP)]
     Drain(ops::DrainArgs),
@@ -106,10 +109,16 @@ pub struct DemoArgs {
 /// Options of `warden sim`.
 #[cfg(feature = "demo")]
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["scenario", "fleet"])))]
 pub struct SimArgs {
-    /// Scenario file (YAML).
+    /// Scenario file (YAML): one job with injected faults.
     #[arg(long, value_name = "FILE")]
-    pub scenario: PathBuf,
+    pub scenario: Option<PathBuf>,
+    /// Fleet file (YAML): jobs over a node pool for simulated days, bad GPUs and
+    /// job-caused XIDs, through the engine, its node-health ledger and the shipped
+    /// policy (docs/LEDGER.md, "Fleet simulation").
+    #[arg(long, value_name = "FILE")]
+    pub fleet: Option<PathBuf>,
     /// Write the run's report (JSON) here.
     #[arg(long, value_name = "OUT.json")]
     pub report: Option<PathBuf>,

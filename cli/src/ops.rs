@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use serde_json::{Value, json};
 use warden_config::{out, outln};
 use warden_diagnosis::llm::ApiKey;
-use warden_model::view::{IncidentView, NodeView, RemedyStatus};
+use warden_model::view::{FleetHealthView, IncidentView, NodeHealthView, NodeView, RemedyStatus};
 
 use crate::client::{ApiClient, OpsError, encode};
 use crate::settings::{FlagValues, Settings};
@@ -127,7 +127,27 @@ struct ListArgs {
     all: bool,
 }
 
-/// Options of `warden nodes` and `warden whoami`.
+/// Options of `warden nodes`.
+#[derive(Debug, clap::Args)]
+pub struct NodesArgs {
+    #[command(flatten)]
+    conn: ConnArgs,
+    #[command(subcommand)]
+    command: Option<NodesCommand>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum NodesCommand {
+    /// Node health from the node-health ledger: the fleet by state with its repeat
+    /// offenders, or one node's state, history and evidence.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Health {
+        /// One node (default: the whole fleet).
+        name: Option<String>,
+    },
+}
+
+/// Options of `warden whoami`.
 #[derive(Debug, clap::Args)]
 pub struct PlainArgs {
     #[command(flatten)]
@@ -202,19 +222,40 @@ pub fn incidents(args: IncidentsArgs) -> ExitCode {
     })
 }
 
-/// `warden nodes`.
-pub fn nodes(args: PlainArgs) -> ExitCode {
+/// `warden nodes` and `warden nodes health [NAME]`.
+pub fn nodes(args: NodesArgs) -> ExitCode {
     run(&args.conn, |c, out| {
         Box::pin(async move {
-            let a = c.get("/api/v1/nodes").await?;
-            if out == Output::Json {
-                return print_json(&a.json);
+            match args.command {
+                None => {
+                    let a = c.get("/api/v1/nodes").await?;
+                    if out == Output::Json {
+                        return print_json(&a.json);
+                    }
+                    let nodes: Vec<NodeView> = parse(c, a.json)?;
+                    out!(
+                        "{}",
+                        show::fit(&show::node_rows(&nodes, now()), show::terminal_width())
+                    );
+                }
+                Some(NodesCommand::Health { name: None }) => {
+                    let a = c.get("/api/v1/fleet/health").await?;
+                    if out == Output::Json {
+                        return print_json(&a.json);
+                    }
+                    let fleet: FleetHealthView = parse(c, a.json)?;
+                    out!("{}", show::fleet_health(&fleet));
+                }
+                Some(NodesCommand::Health { name: Some(name) }) => {
+                    let path = format!("/api/v1/nodes/{}/health", encode(&name));
+                    let a = c.get(&path).await?;
+                    if out == Output::Json {
+                        return print_json(&a.json);
+                    }
+                    let n: NodeHealthView = parse(c, a.json)?;
+                    out!("{}", show::node_health(&n, now()));
+                }
             }
-            let nodes: Vec<NodeView> = parse(c, a.json)?;
-            out!(
-                "{}",
-                show::fit(&show::node_rows(&nodes, now()), show::terminal_width())
-            );
             Ok(())
         })
     })

@@ -8,7 +8,7 @@ use warden_engine::Change;
 use warden_model::Timestamp;
 #[cfg(feature = "demo")]
 use warden_model::view::ActionRecord;
-use warden_model::view::{IncidentView, NodeView, RemedyStatus};
+use warden_model::view::{FleetHealthView, IncidentView, NodeHealthView, NodeView, RemedyStatus};
 
 /// `[0, 1, 2, 3, 7]` as `0-3, 7`.
 pub fn ranges(v: &[u32]) -> String {
@@ -574,6 +574,115 @@ pub fn node_rows(nodes: &[NodeView], now: f64) -> String {
         ],
         &rows,
     )
+}
+
+/// The fleet's health: nodes per state, those held out, the top repeat offenders.
+pub fn fleet_health(f: &FleetHealthView) -> String {
+    let states: Vec<String> = f
+        .by_state
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(s, n)| format!("{n} {s}"))
+        .collect();
+    let mut out = format!(
+        "nodes in the ledger: {}\n",
+        if states.is_empty() {
+            "none (every node healthy)".to_owned()
+        } else {
+            states.join(", ")
+        }
+    );
+    out.push_str(&format!(
+        "held out of placement: {}\n",
+        if f.held_out.is_empty() {
+            "none".to_owned()
+        } else {
+            f.held_out.join(", ")
+        }
+    ));
+    if let Some(h) = f.mean_hours_between_incidents {
+        out.push_str(&format!("fleet mean time between incidents: {h:.1} h\n"));
+    }
+    if !f.top_offenders.is_empty() {
+        let dash = || "-".to_owned();
+        let rows: Vec<Vec<String>> = f
+            .top_offenders
+            .iter()
+            .map(|o| {
+                vec![
+                    o.node.clone(),
+                    o.state.clone(),
+                    o.incidents.to_string(),
+                    o.jobs.to_string(),
+                    o.mean_hours_between_incidents
+                        .map_or_else(dash, |h| format!("{h:.1} h")),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&columns(
+            &["NODE", "STATE", "INCIDENTS", "JOBS", "MEAN BETWEEN"],
+            &rows,
+        ));
+    }
+    out
+}
+
+/// One node's health: state and why, then its history and evidence.
+pub fn node_health(n: &NodeHealthView, now: f64) -> String {
+    let mut out = format!(
+        "{}: {} since {}{}\n",
+        n.node,
+        n.state,
+        when(n.since_s, now),
+        if n.held_out {
+            " (held out of placement)"
+        } else {
+            ""
+        }
+    );
+    if let Some(r) = &n.reason {
+        out.push_str(&format!("  why: {r}\n"));
+    }
+    out.push_str(&format!("  incidents held against it: {}", n.incidents));
+    if let Some(h) = n.mean_hours_between_incidents {
+        out.push_str(&format!(", one every {h:.1} h on average"));
+    }
+    out.push('\n');
+    if !n.jobs.is_empty() {
+        out.push_str(&format!("  jobs: {}\n", n.jobs.join(", ")));
+    }
+    if !n.history.is_empty() {
+        out.push_str("\nhistory:\n");
+        for t in &n.history {
+            out.push_str(&format!(
+                "  {}  {} -> {}: {}\n",
+                when(t.at_s, now),
+                t.from,
+                t.to,
+                t.reason
+            ));
+        }
+    }
+    if !n.evidence.is_empty() {
+        out.push_str("\nevidence:\n");
+        for e in &n.evidence {
+            let gpu = e.gpu.map_or_else(String::new, |g| format!(" GPU {g}"));
+            let job = e
+                .job
+                .as_deref()
+                .map_or_else(String::new, |j| format!(", job {j} {}", e.phase));
+            out.push_str(&format!(
+                "  {}  {} {}{gpu}{job}: {} [{}]\n",
+                when(e.at_s, now),
+                e.incident,
+                e.kind.as_str(),
+                e.why,
+                e.weight
+            ));
+        }
+    }
+    out
 }
 
 /// What a diagnosis says, in a few words: `category (locus)`.

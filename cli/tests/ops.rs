@@ -485,8 +485,35 @@ fn operators_list_show_ack_drain_undrain_and_resolve_through_the_cli() {
     assert_eq!(json[0]["name"], "node-3", "{json}");
     assert_eq!(json[0]["state"], "drained", "{json}");
 
+    // The node-health ledger quarantined node-3 on the fatal XID.
+    let text = c.op(&["nodes", "health", "node-3"]).ok().to_owned();
+    assert!(
+        text.starts_with("node-3: quarantined since ") && text.contains("held out of placement"),
+        "{text}"
+    );
+    assert!(text.contains("XID 79"), "{text}");
+    let text = c.op(&["nodes", "health"]).ok().to_owned();
+    assert!(text.contains("held out of placement: node-3"), "{text}");
+    let json = c
+        .op(&["nodes", "health", "node-4", "--output", "json"])
+        .json();
+    assert_eq!(json["state"], "quarantined", "{json}");
+    c.op(&["nodes", "health", "node-99"])
+        .fails(4, "warden: 404 Not Found: ");
+
     let out = c.op(&["undrain", "node-3", "--reason", "GPU reseated"]);
     assert_eq!(out.ok(), "node-3 undrained\n");
+    // A person's undrain returns it in the ledger too.
+    let json = c
+        .op(&["nodes", "health", "node-3", "--output", "json"])
+        .json();
+    assert_eq!(json["state"], "returned", "{json}");
+    assert!(
+        json["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("GPU reseated")),
+        "{json}"
+    );
     c.op(&["undrain", "node-3"])
         .fails(4, "warden: 404 Not Found: ");
 

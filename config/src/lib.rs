@@ -9,8 +9,10 @@
 //!
 //! The three binaries also share two things at their edges: the log format, which
 //! escapes every field so one event is one line ([`logfmt`]), and writing to stdout,
-//! where a reader that goes away ends the process quietly ([`stdout`]).
+//! where a reader that goes away ends the process quietly ([`stdout`]). Data files a
+//! person writes (a policy, a fleet) are read whole within a bound ([`file`]).
 
+pub mod file;
 mod loader;
 pub mod logfmt;
 pub mod stdout;

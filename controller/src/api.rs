@@ -30,8 +30,11 @@ use crate::shared::SharedEngine;
 use crate::store::{self, ActionRecord, IncidentFilter, NodeRecord};
 use warden_engine::Encoding;
 use warden_engine::clock::Clock;
+use warden_engine::ledger::{self, NodeHealth};
 use warden_engine::lifecycle::{self, Applied, Phase};
-use warden_model::view::{IncidentView, JobView, NodeView, RankView, rel};
+use warden_model::view::{
+    FleetHealthView, IncidentView, JobView, NodeHealthView, NodeView, RankView, rel,
+};
 
 /// Default largest ingest body accepted, bytes.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
@@ -122,6 +125,8 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
     ("GET", "/api/v1/nodes", Need::Read),
     ("POST", "/api/v1/nodes/{name}/drain", Need::Operate),
     ("DELETE", "/api/v1/nodes/{name}/drain", Need::Operate),
+    ("GET", "/api/v1/nodes/{name}/health", Need::Read),
+    ("GET", "/api/v1/fleet/health", Need::Read),
     ("GET", "/api/v1/jobs", Need::Read),
     ("GET", "/api/v1/jobs/{job}/ranks", Need::Read),
     ("GET", "/api/v1/actions", Need::Admin),
@@ -205,6 +210,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/incidents", get(list_incidents))
         .route("/api/v1/incidents/{id}", get(get_incident))
         .route("/api/v1/nodes", get(list_nodes))
+        .route("/api/v1/nodes/{name}/health", get(node_health))
+        .route("/api/v1/fleet/health", get(fleet_health))
         .route("/api/v1/jobs", get(list_jobs))
         .route("/api/v1/jobs/{job}/ranks", get(job_ranks))
         .route("/api/v1/whoami", get(whoami))
@@ -763,6 +770,95 @@ async fn list_nodes(State(s): State<ApiState>) -> Result<Json<Vec<NodeView>>, Ap
         (e.agents(now), e.origin())
     };
     Ok(Json(node_views(&agents, &drained, origin)))
+}
+
+/// The node-health ledger's records: live from the engine on the leader; as last
+/// stored on a follower.
+async fn ledger_nodes(s: &ApiState, only: Option<&str>) -> Result<Vec<NodeHealth>, ApiError> {
+    if s.operator.leadership.is_leader() {
+        let e = s.engine.lock();
+        return Ok(match only {
+            Some(n) => e.ledger().node(n).cloned().into_iter().collect(),
+            None => e.ledger().nodes().cloned().collect(),
+        });
+    }
+    let docs = s
+        .operator
+        .store
+        .node_health()
+        .await
+        .map_err(|e| store_error(&e))?;
+    Ok(docs
+        .iter()
+        .filter(|(n, _)| only.is_none_or(|o| o == n))
+        .filter_map(|(_, d)| serde_json::from_str(d).ok())
+        .collect())
+}
+
+/// One node's health: its state in the node-health ledger with the reason, the
+/// history of its states, the evidence of the incidents held against it and the jobs
+/// they came from.
+#[utoipa::path(
+    get,
+    path = "/api/v1/nodes/{name}/health",
+    tag = "nodes",
+    params(("name" = String, Path, description = "Node name (DNS-1123).", max_length = 253,
+        pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")),
+    responses(
+        (status = 200, description = "The node's health (healthy, with no history, for a node an agent reports from that the ledger holds nothing on).", body = NodeHealthView),
+        (status = 400, description = "The node name is not valid.", body = ApiError),
+        (status = 404, description = "No agent reports from the node and the ledger holds nothing on it.", body = ApiError),
+        (status = 503, description = "The store is unavailable (follower).", body = ApiError),
+    ),
+)]
+async fn node_health(
+    State(s): State<ApiState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<NodeHealthView>, ApiError> {
+    let name = path_param(name, "node")?;
+    crate::operate::check_node_name(&name).map_err(operate_error)?;
+    let now = s.clock.now();
+    let origin = s.engine.lock().origin();
+    if let Some(n) = ledger_nodes(&s, Some(&name)).await?.first() {
+        return Ok(Json(n.view(origin)));
+    }
+    let heard = s.engine.lock().agents(now).iter().any(|(n, _)| *n == name);
+    if !heard {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no node {name:?}: no agent reports from it and the ledger holds nothing on it"
+            ),
+        ));
+    }
+    Ok(Json(NodeHealthView {
+        node: name,
+        state: ledger::HealthState::Healthy.as_str().to_owned(),
+        since_s: 0.0,
+        reason: None,
+        held_out: false,
+        incidents: 0,
+        mean_hours_between_incidents: None,
+        jobs: Vec::new(),
+        history: Vec::new(),
+        evidence: Vec::new(),
+    }))
+}
+
+/// The fleet's health: nodes per state, the nodes held out of placement, the top
+/// repeat offenders, and the fleet's mean time between incidents.
+#[utoipa::path(
+    get,
+    path = "/api/v1/fleet/health",
+    tag = "nodes",
+    responses(
+        (status = 200, description = "The fleet's health.", body = FleetHealthView),
+        (status = 503, description = "The store is unavailable (follower).", body = ApiError),
+    ),
+)]
+async fn fleet_health(State(s): State<ApiState>) -> Result<Json<FleetHealthView>, ApiError> {
+    let nodes = ledger_nodes(&s, None).await?;
+    Ok(Json(ledger::fleet_view(&nodes)))
 }
 
 /// Take a node out of scheduling.

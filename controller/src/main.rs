@@ -418,6 +418,16 @@ async fn lead(
             "live incidents taken back from the store"
         );
     }
+    let nodes = operator
+        .persister
+        .lock()
+        .await
+        .restore_ledger(&operator.engine)
+        .await
+        .context("restoring the node-health ledger from the store")?;
+    if nodes > 0 {
+        tracing::info!(nodes, "node-health ledger taken back from the store");
+    }
     if let Some(r) = &operator.remedy {
         r.reload().await.context("reading the remediation state")?;
     }

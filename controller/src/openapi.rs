@@ -33,6 +33,8 @@ pub const SECURITY_SCHEME: &str = "bearer";
         api::list_nodes,
         api::drain_node,
         api::undrain_node,
+        api::node_health,
+        api::fleet_health,
         api::list_jobs,
         api::job_ranks,
         api::list_actions,

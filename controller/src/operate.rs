@@ -389,6 +389,19 @@ impl Operator {
                 "interrupted before it finished; not repeated".to_owned()
             }
             ActionKind::Undrain => {
+                // A person giving a node back decides for the node-health ledger too:
+                // it is returned, its evidence cleared.
+                {
+                    let mut e = self.engine.lock();
+                    if e.ledger().state(&a.target).holds_out() {
+                        let why = if a.reason.is_empty() {
+                            "undrained"
+                        } else {
+                            a.reason.as_str()
+                        };
+                        e.ledger_mut().decide(&a.target, false, &a.actor, why, now);
+                    }
+                }
                 if self.store.remove_node(&a.target).await? {
                     match &self.remedy {
                         Some(r) => format!(

@@ -1,11 +1,13 @@
 //! Keeps the store in step with the engine: after each detector pass (and after every
 //! change a person makes) the incidents that changed are written with the timeline
 //! entries not yet stored; at start the live incidents of the previous run are taken
-//! back, so grouping and deduplication carry across restarts.
+//! back, so grouping and deduplication carry across restarts. The node-health ledger's
+//! changed nodes are written the same way, and the whole ledger is taken back at start.
 //!
 //! The engine is only locked to copy what changed; writing happens outside the lock.
 
 use rustc_hash::FxHashMap;
+use warden_engine::ledger::NodeHealth;
 use warden_model::{Incident, IncidentDiagnosis, TimelineEntry, Timestamp};
 
 use crate::shared::SharedEngine;
@@ -30,6 +32,8 @@ pub struct Persister {
     stored: FxHashMap<String, Stored>,
     jobs: FxHashMap<String, String>,
     last_jobs: Option<Timestamp>,
+    /// Ledger nodes whose write failed, tried again on the next call.
+    health_due: FxHashMap<String, NodeHealth>,
 }
 
 /// The timeline entries of `inc` after `last` (all of them when `last` is gone).
@@ -55,6 +59,7 @@ impl Persister {
             stored: FxHashMap::default(),
             jobs: FxHashMap::default(),
             last_jobs: None,
+            health_due: FxHashMap::default(),
         }
     }
 
@@ -88,6 +93,24 @@ impl Persister {
         Ok(engine.lock().restore_incidents(live, now))
     }
 
+    /// Load the node-health ledger the store holds into `engine`. Returns how many
+    /// nodes were taken back; a document that does not parse is an error naming it.
+    pub async fn restore_ledger(&mut self, engine: &SharedEngine) -> Result<usize, StoreError> {
+        let docs = self.store.node_health().await?;
+        let mut nodes = Vec::with_capacity(docs.len());
+        for (node, doc) in docs {
+            let n: NodeHealth = serde_json::from_str(&doc).map_err(|e| StoreError::Corrupt {
+                what: "node health",
+                id: node.clone(),
+                detail: e.to_string(),
+            })?;
+            nodes.push(n);
+        }
+        let n = nodes.len();
+        engine.lock().ledger_mut().restore(nodes);
+        Ok(n)
+    }
+
     /// Write every incident that changed since the last call, and (every few seconds)
     /// the job views that changed. Returns how many incidents were written. An incident
     /// whose write fails stays due and is tried again on the next call.
@@ -117,6 +140,10 @@ impl Persister {
                 .is_none_or(|t| now.secs_since(t) >= JOB_SYNC_SECS);
             (due, jobs_due.then(|| e.job_views()))
         };
+        let health = engine.lock().ledger_mut().take_dirty();
+        for n in health {
+            self.health_due.insert(n.node.clone(), n);
+        }
         let mut written = 0;
         let mut first_error = None;
         for inc in &due {
@@ -170,6 +197,21 @@ impl Persister {
                         first_error.get_or_insert(e);
                     }
                 }
+            }
+        }
+        let mut health: Vec<NodeHealth> = self.health_due.drain().map(|(_, n)| n).collect();
+        health.sort_by(|a, b| a.node.cmp(&b.node));
+        for n in health {
+            let Ok(doc) = serde_json::to_string(&n) else {
+                continue;
+            };
+            if let Err(e) = self
+                .store
+                .put_node_health(&n.node, n.state.as_str(), n.since, &doc)
+                .await
+            {
+                first_error.get_or_insert(e);
+                self.health_due.insert(n.node.clone(), n);
             }
         }
         match first_error {

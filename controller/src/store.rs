@@ -768,6 +768,47 @@ impl Store {
         Ok(r.rows_affected() > 0)
     }
 
+    // ---- node health -----------------------------------------------------------------
+
+    /// Write one node's ledger document (replacing the earlier one).
+    pub async fn put_node_health(
+        &self,
+        node: &str,
+        state: &str,
+        since: Timestamp,
+        doc: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO node_health (node, state, since, doc) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (node) DO UPDATE SET state = excluded.state, \
+                 since = excluded.since, doc = excluded.doc",
+        )
+        .bind(node)
+        .bind(state)
+        .bind(since.0)
+        .bind(doc)
+        .execute(&self.pool)
+        .await
+        .map_err(q("writing node health"))?;
+        Ok(())
+    }
+
+    /// Every node's ledger document, by node: `(node, doc)`.
+    pub async fn node_health(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query("SELECT node, doc FROM node_health ORDER BY node")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("reading node health"))?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("node").map_err(q("reading node health"))?,
+                    r.try_get("doc").map_err(q("reading node health"))?,
+                ))
+            })
+            .collect()
+    }
+
     // ---- jobs ------------------------------------------------------------------------
 
     /// Write job `id` with its serialized view.

@@ -554,3 +554,60 @@ async fn lifecycle_refusals_are_400_or_415_and_name_the_problem() {
     let (_, jobs) = send_json(&app, get("/api/v1/jobs")).await;
     assert_eq!(jobs, serde_json::json!([]));
 }
+
+#[tokio::test]
+async fn node_and_fleet_health_come_from_the_ledger() {
+    let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
+    let state = ApiState {
+        engine: engine.clone(),
+        clock: Arc::new(ManualClock::new(Timestamp(T0 + 1_000_000_000))),
+        metrics: Arc::new(Metrics::new("test").expect("metrics")),
+        max_batch_bytes: warden_controller::api::DEFAULT_MAX_BATCH_BYTES,
+        auth: Arc::new(warden_controller::auth::Auth::Open),
+        operator: warden_controller::operate::Operator::in_memory(engine.clone())
+            .await
+            .expect("store"),
+    };
+    let app = router(state);
+    // node-01's agent reports; node-03 is quarantined by a person.
+    let (status, _) = send(
+        &app,
+        post(batch().encode_binary(), Some(wire::CONTENT_TYPE_BINARY)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    engine
+        .lock()
+        .ledger_mut()
+        .decide("node-03", true, "alice", "GPU 2 flaky", Timestamp(T0));
+
+    let (status, v) = send_json(&app, get("/api/v1/nodes/node-03/health")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "quarantined");
+    assert_eq!(v["held_out"], true);
+    assert_eq!(v["history"][0]["to"], "quarantined");
+    assert!(
+        v["reason"].as_str().is_some_and(|r| r.contains("alice")),
+        "{v}"
+    );
+
+    let (status, v) = send_json(&app, get("/api/v1/nodes/node-01/health")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "healthy");
+    assert_eq!(v["history"], serde_json::json!([]));
+
+    let (status, v) = send_json(&app, get("/api/v1/nodes/node-77/health")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{v}");
+    assert!(
+        v["error"].as_str().is_some_and(|e| e.contains("node-77")),
+        "{v}"
+    );
+    let (status, v) = send_json(&app, get("/api/v1/nodes/Not_A_Node/health")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
+
+    let (status, v) = send_json(&app, get("/api/v1/fleet/health")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["by_state"]["quarantined"], 1);
+    assert_eq!(v["by_state"]["bad"], 0);
+    assert_eq!(v["held_out"], serde_json::json!(["node-03"]));
+}

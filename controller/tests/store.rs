@@ -460,11 +460,22 @@ async fn sqlx_rows(store: &Store) -> Vec<(i64, Vec<u8>)> {
         .collect()
 }
 
+/// Every embedded migration: those the earlier runner knew, then the newer ones.
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    OLD_MIGRATIONS[0],
+    OLD_MIGRATIONS[1],
+    (
+        3,
+        "node_health",
+        include_str!("../migrations/0003_node_health.sql"),
+    ),
+];
+
 /// What sqlx records for every embedded migration: its version and the SHA-384 of its
 /// file.
 fn expected_sqlx_rows() -> Vec<(i64, Vec<u8>)> {
     use sha2::Digest;
-    OLD_MIGRATIONS
+    MIGRATIONS
         .iter()
         .map(|&(v, _, sql)| (v, sha2::Sha384::digest(sql).to_vec()))
         .collect()
@@ -629,5 +640,56 @@ async fn remediation_state_round_trips() {
             Some(r#"{"tripped":{"at":2}}"#),
             "{name}"
         );
+    }
+}
+
+#[tokio::test]
+async fn the_node_health_ledger_survives_a_restart_and_a_bad_document_is_named() {
+    use warden_controller::SharedEngine;
+    use warden_controller::persist::Persister;
+    use warden_engine::ledger::HealthState;
+    use warden_engine::{Engine, EngineConfig};
+
+    let now = Timestamp(1_800_000_000_000_000_000);
+    for (name, store, _guard) in backends().await {
+        let engine = SharedEngine::new(Engine::new(EngineConfig::default(), now));
+        engine
+            .lock()
+            .ledger_mut()
+            .decide("node-3", true, "alice", "GPU 2 flaky", now);
+        let mut writer = Persister::new(store.clone());
+        writer.sync(&engine, now).await.expect(name);
+        // Written once: a second pass has nothing new for the ledger.
+        writer.sync(&engine, now).await.expect(name);
+        assert_eq!(store.node_health().await.expect(name).len(), 1, "{name}");
+
+        // Another controller on the same store.
+        let again = SharedEngine::new(Engine::new(EngineConfig::default(), now));
+        let n = Persister::new(store.clone())
+            .restore_ledger(&again)
+            .await
+            .expect(name);
+        assert_eq!(n, 1, "{name}");
+        assert_eq!(
+            again.lock().ledger().state("node-3"),
+            HealthState::Quarantined,
+            "{name}"
+        );
+        assert_eq!(
+            again.lock().ledger().node("node-3").cloned(),
+            engine.lock().ledger().node("node-3").cloned(),
+            "{name}"
+        );
+
+        store
+            .put_node_health("node-4", "bad", now, "{not json")
+            .await
+            .expect(name);
+        match Persister::new(store.clone()).restore_ledger(&again).await {
+            Err(StoreError::Corrupt { what, id, .. }) => {
+                assert_eq!((what, id.as_str()), ("node health", "node-4"), "{name}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
     }
 }

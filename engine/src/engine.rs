@@ -14,6 +14,7 @@ use warden_model::{
 
 use crate::detect::{DetectConfig, Detectors};
 use crate::incidents::{IncidentBook, ManualError};
+use crate::ledger::{JobContext, JobPhase, Ledger, LedgerConfig};
 use crate::lifecycle::{Applied, LifecycleEvent, LifecycleReport};
 use crate::state::{Cluster, GpuTrouble, JobState, NO_NODE, RankProgress};
 use warden_model::view::{IncidentView, JobView, RankView};
@@ -34,6 +35,8 @@ pub struct EngineConfig {
     pub detect: DetectConfig,
     /// Bounds on what the engine holds, whatever clients send.
     pub limits: crate::state::Limits,
+    /// The node-health ledger's thresholds.
+    pub ledger: LedgerConfig,
 }
 
 /// Counters the engine keeps about itself; `/metrics` exports them.
@@ -104,6 +107,7 @@ pub struct Engine {
     cluster: Cluster,
     detectors: Detectors,
     book: IncidentBook,
+    ledger: Ledger,
     stats: EngineStats,
     last_forget: Timestamp,
     event_batches: u64,
@@ -121,6 +125,7 @@ impl Engine {
             cluster: Cluster::with_limits(config.limits),
             detectors: Detectors::new(config.detect),
             book: IncidentBook::default(),
+            ledger: Ledger::new(config.ledger),
             stats: EngineStats::default(),
             last_forget: origin,
             event_batches: 0,
@@ -252,6 +257,7 @@ impl Engine {
         self.stats.ticks += 1;
         if now.secs_since(self.last_forget) >= 60.0 {
             self.cluster.forget_older_than(now, RETENTION_SECS);
+            self.ledger.tick(now);
             self.last_forget = now;
         }
         let verdicts = self.detectors.run(&self.cluster, now);
@@ -268,7 +274,78 @@ impl Engine {
                     .push((inc.kind, inc.detected_at.secs_since(inc.onset).max(0.0)));
             }
         }
+        self.fold_into_ledger(&changes, now);
         changes
+    }
+
+    /// Fold incidents that opened or whose evidence, culprit or diagnosis changed into
+    /// the node-health ledger, each with its job's context.
+    fn fold_into_ledger(&mut self, changes: &[IncidentChange], now: Timestamp) {
+        for c in changes {
+            if !matches!(
+                c.change,
+                Change::Opened | Change::Updated | Change::Reclassified | Change::Diagnosed
+            ) {
+                continue;
+            }
+            let Some(inc) = self.book.get(&c.id) else {
+                continue;
+            };
+            let ctx = self.job_context(inc);
+            self.ledger.observe(inc, &ctx, now);
+        }
+    }
+
+    /// The job an incident came from and what it was doing at the incident's onset:
+    /// tearing down once the scheduler reported its end, remediation asked for its
+    /// restart, or one of its ranks exited before the onset; starting in its first
+    /// [`LedgerConfig::starting_secs`] after the scheduler reported its start.
+    pub fn job_context(&self, inc: &Incident) -> JobContext {
+        let Some(name) = inc.job.clone() else {
+            return JobContext {
+                job: None,
+                phase: JobPhase::Unknown,
+            };
+        };
+        let Some(j) = self.cluster.jobs.get(&name) else {
+            return JobContext {
+                job: Some(name),
+                phase: JobPhase::Unknown,
+            };
+        };
+        let onset = inc.onset;
+        let life = j.lifecycle.as_ref();
+        let ended = life.and_then(|l| l.ended_at).is_some_and(|e| e <= onset);
+        let restarting = j.restart_requested_at.is_some_and(|r| r <= onset);
+        let exited = j
+            .ranks
+            .values()
+            .any(|r| r.exit.as_ref().is_some_and(|e| e.at < onset));
+        let phase = if ended || restarting || exited {
+            JobPhase::TearingDown
+        } else if life
+            .and_then(|l| l.started_at)
+            .is_some_and(|s| onset.secs_since(s) < self.ledger.config().starting_secs)
+        {
+            JobPhase::Starting
+        } else {
+            JobPhase::Running
+        };
+        JobContext {
+            job: Some(name),
+            phase,
+        }
+    }
+
+    /// The node-health ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// The node-health ledger, for verification results, people's decisions and
+    /// restoring what the store held.
+    pub fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
     }
 
     /// Take back stored incidents (see [`IncidentBook::restore`]).

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod detect;
 pub mod engine;
 pub mod incidents;
+pub mod ledger;
 pub mod lifecycle;
 pub mod state;
 

@@ -9,6 +9,7 @@ pub mod incident;
 pub mod time;
 pub mod view;
 pub mod wire;
+pub mod xid;
 pub mod yaml;
 
 pub use ids::{CommId, GpuRef, JobId, NodeName, Rank};

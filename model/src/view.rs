@@ -401,3 +401,109 @@ pub struct RemedyStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tripped_at: Option<String>,
 }
+
+/// A node's health as the node-health ledger holds it
+/// (`GET /api/v1/nodes/{name}/health`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeHealthView {
+    /// Node name.
+    pub node: String,
+    /// `healthy`, `suspect`, `quarantined`, `verifying`, `returned` or `bad`.
+    pub state: String,
+    /// In this state since (seconds since origin).
+    pub since_s: f64,
+    /// Why it is in this state: its last change's reason (absent when it never changed).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reason: Option<String>,
+    /// Whether no work may be placed on it (quarantined, verifying, bad).
+    pub held_out: bool,
+    /// Incidents ever held against it.
+    pub incidents: u64,
+    /// Mean time between the incidents held against it, hours (absent before the
+    /// second).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub mean_hours_between_incidents: Option<f64>,
+    /// Jobs whose incidents touched it, most recent last.
+    pub jobs: Vec<String>,
+    /// Its state changes, oldest first.
+    pub history: Vec<HealthChangeView>,
+    /// The evidence it holds, oldest first.
+    pub evidence: Vec<HealthEvidenceView>,
+}
+
+/// One change of a node's health state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HealthChangeView {
+    /// When (seconds since origin).
+    pub at_s: f64,
+    /// The state before.
+    pub from: String,
+    /// The state after.
+    pub to: String,
+    /// Why.
+    pub reason: String,
+    /// The incidents behind it.
+    pub incidents: Vec<String>,
+}
+
+/// One incident's evidence on a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HealthEvidenceView {
+    /// The incident's onset (seconds since origin).
+    pub at_s: f64,
+    /// The incident.
+    pub incident: String,
+    /// Its kind.
+    pub kind: IncidentKind,
+    /// The job that ran there.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub job: Option<String>,
+    /// What that job was doing: `starting`, `running`, `tearing_down` or `unknown`.
+    pub phase: String,
+    /// The GPU, when the incident names one.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub gpu: Option<u32>,
+    /// What it weighs against the node: `job` (the job's own doing), `hint`, `fault`,
+    /// `hardware`, `nan` or `fatal`.
+    pub weight: String,
+    /// Occurrences it stands for.
+    pub count: u32,
+    /// Why it weighs what it does.
+    pub why: String,
+}
+
+/// The fleet's health (`GET /api/v1/fleet/health`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FleetHealthView {
+    /// Nodes the ledger holds anything on, per state (every state present).
+    pub by_state: std::collections::BTreeMap<String, u64>,
+    /// The nodes no work may be placed on, by name.
+    pub held_out: Vec<String>,
+    /// The nodes with the most incidents held against them, most first (at most 10).
+    pub top_offenders: Vec<OffenderView>,
+    /// Mean time between incidents held against any node of the fleet, hours (absent
+    /// before the second).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub mean_hours_between_incidents: Option<f64>,
+}
+
+/// A node with incidents held against it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OffenderView {
+    /// Node name.
+    pub node: String,
+    /// Its health state.
+    pub state: String,
+    /// Incidents ever held against it.
+    pub incidents: u64,
+    /// Distinct jobs whose incidents touched it.
+    pub jobs: u64,
+    /// Mean time between its incidents, hours.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub mean_hours_between_incidents: Option<f64>,
+}

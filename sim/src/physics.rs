@@ -861,15 +861,9 @@ impl Physics {
     }
 }
 
-/// Severity the agent's XID catalog assigns.
+/// Severity the agent gives an XID: its catalog's (`rules/xid.yaml`).
 pub fn xid_severity(code: u32) -> EventSeverity {
-    if is_fatal_xid(code) {
-        return EventSeverity::Fatal;
-    }
-    match code {
-        63 | 92 => EventSeverity::Warning,
-        _ => EventSeverity::Error,
-    }
+    warden_model::xid::XidCatalog::builtin().severity(code)
 }
 
 /// The text the driver prints after an XID's code.

@@ -14,12 +14,10 @@ pub const MAX_STEPS: u64 = 10_000_000;
 /// Default of `job.host_lead_ms`: a few kernels queued ahead of the GPU.
 pub const DEFAULT_HOST_LEAD_MS: f64 = 5.0;
 
-/// XID codes that take the GPU away (the rank on it stops).
-pub const FATAL_XIDS: [u32; 7] = [48, 74, 79, 94, 95, 119, 120];
-
-/// Whether an XID code is fatal for the GPU that reports it.
+/// Whether an XID code takes the GPU away (the rank on it stops): the codes
+/// `rules/xid.yaml` holds fatal.
 pub fn is_fatal_xid(code: u32) -> bool {
-    FATAL_XIDS.contains(&code)
+    warden_model::xid::XidCatalog::builtin().is_fatal(code)
 }
 
 /// One problem found in a scenario: the field path and what is wrong with it.

@@ -1,7 +1,9 @@
 //! Remediation policy as data (`rules/policy.yaml`): ordered rules, each a set of
 //! conditions on an incident — kind, diagnosis category and fault locus, severity,
 //! confidence, XID codes, repetition — and the actions to take. The first rule that
-//! matches decides; an incident no rule matches gets nothing done.
+//! matches decides; an incident no rule matches gets nothing done. What an XID means
+//! (its severity and cause) comes from the one catalog, `rules/xid.yaml`
+//! ([`warden_model::xid`]), never from a list of codes kept here.
 //!
 //! Evaluation is pure: what happened before (for repetition) comes in through
 //! [`History`], so the same incident and history always give the same decision.
@@ -10,8 +12,10 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, de::Error as _};
 use warden_diagnosis::model::{Category, FaultLocus};
+use warden_model::wire::EventSeverity;
+use warden_model::xid::{Cause, XidCatalog};
 use warden_model::{Incident, IncidentKind, Severity, Timestamp};
 
 /// The policy shipped with Warden (`rules/policy.yaml`).
@@ -106,6 +110,16 @@ pub struct Conditions {
     /// XID codes, any of which the incident's evidence must name.
     #[serde(default)]
     pub xid: Vec<u32>,
+    /// XID severities in the catalog (`info`, `warning`, `error`, `fatal`): the
+    /// incident's evidence must name an XID the catalog rates one of these (a code the
+    /// catalog does not list is rated `warning`, as the agent rates it).
+    #[serde(default, deserialize_with = "severity_labels")]
+    pub xid_severity: Vec<EventSeverity>,
+    /// XID causes in the catalog (`hardware`, `driver`, `application`, `thermal`,
+    /// `power`, `nvlink`, `memory`): the incident's evidence must name an XID the
+    /// catalog gives one of these causes.
+    #[serde(default)]
+    pub xid_cause: Vec<Cause>,
     /// Repetition needed before the rule matches.
     pub repeat: Option<Repeat>,
 }
@@ -143,24 +157,47 @@ fn default_group_nodes() -> usize {
     8
 }
 
+/// `xid_severity`: the catalog's labels, a wrong one named with the ones there are.
+fn severity_labels<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<EventSeverity>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|label| {
+            EventSeverity::from_label(label).ok_or_else(|| {
+                D::Error::custom(format!(
+                    "{label:?} is not an XID severity (info, warning, error or fatal)"
+                ))
+            })
+        })
+        .collect()
+}
+
+impl Conditions {
+    /// Whether the rule has any XID condition.
+    fn on_xids(&self) -> bool {
+        !self.xid.is_empty() || !self.xid_severity.is_empty() || !self.xid_cause.is_empty()
+    }
+
+    /// Whether XID `code`, as `inc` reports it, meets every XID condition given, read
+    /// in the catalog (the severity as the agent grades it: the catalog's, or what the
+    /// message itself states, `XidCatalog::severity_in`).
+    fn xid_holds(&self, code: u32, inc: &Incident) -> bool {
+        let catalog = XidCatalog::builtin();
+        (self.xid.is_empty() || self.xid.contains(&code))
+            && (self.xid_severity.is_empty()
+                || texts(inc).any(|t| self.xid_severity.contains(&catalog.severity_in(code, t))))
+            && (self.xid_cause.is_empty()
+                || catalog
+                    .get(code)
+                    .is_some_and(|i| self.xid_cause.contains(&i.cause)))
+    }
+}
+
 /// Why a policy was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
-    /// The file could not be read.
-    #[error("cannot read the policy {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is larger than a policy can be.
-    #[error("the policy {path} is larger than {MAX_POLICY_BYTES} bytes")]
-    TooLarge {
-        /// The file.
-        path: String,
-    },
+    /// The file could not be read, or is larger than a policy can be.
+    #[error("the policy: {0}")]
+    File(#[from] warden_config::file::FileError),
     /// Not a policy: the field path and the problem.
     #[error("{origin}: {field}: {message}")]
     Invalid {
@@ -188,17 +225,8 @@ impl Policy {
 
     /// Read and check a policy file.
     pub fn load(path: &Path) -> Result<Policy, PolicyError> {
-        let shown = path.display().to_string();
-        let read = |source| PolicyError::Read {
-            path: shown.clone(),
-            source,
-        };
-        let len = std::fs::metadata(path).map_err(read)?.len();
-        if len > MAX_POLICY_BYTES {
-            return Err(PolicyError::TooLarge { path: shown });
-        }
-        let text = std::fs::read_to_string(path).map_err(read)?;
-        Policy::parse(&text, &shown)
+        let text = warden_config::file::read_bounded(path, MAX_POLICY_BYTES)?;
+        Policy::parse(&text, &path.display().to_string())
     }
 
     /// The shipped policy.
@@ -329,7 +357,7 @@ impl Rule {
         if w.max_confidence.is_some_and(|c| inc.confidence > c) {
             return Match::No;
         }
-        if !w.xid.is_empty() && !xid_codes(inc).iter().any(|(c, _)| w.xid.contains(c)) {
+        if w.on_xids() && !xid_codes(inc).iter().any(|(c, _)| w.xid_holds(*c, inc)) {
             return Match::No;
         }
         if w.category.is_empty() && w.locus.is_empty() {
@@ -372,12 +400,12 @@ impl Rule {
     /// Occurrences inside the incident itself: for XID rules, how often its evidence
     /// says the codes were seen; otherwise one.
     pub fn occurrences_in(&self, inc: &Incident) -> u32 {
-        if self.when.xid.is_empty() {
+        if !self.when.on_xids() {
             return 1;
         }
         let n: u32 = xid_codes(inc)
             .iter()
-            .filter(|(c, _)| self.when.xid.contains(c))
+            .filter(|(c, _)| self.when.xid_holds(*c, inc))
             .map(|(_, n)| *n)
             .sum();
         n.max(1)
@@ -407,32 +435,15 @@ pub fn repeat_keys(inc: &Incident, per: Per) -> Vec<String> {
     }
 }
 
+/// An incident's summary, then its evidence.
+fn texts(inc: &Incident) -> impl Iterator<Item = &str> {
+    std::iter::once(inc.summary.as_str()).chain(inc.evidence.iter().map(|e| e.text.as_str()))
+}
+
 /// The XID codes an incident's summary and evidence name (`XID 79`), with how many
 /// times the evidence says each was seen (`seen 3 time(s)`; 1 when it does not say).
 pub fn xid_codes(inc: &Incident) -> Vec<(u32, u32)> {
-    let mut out: Vec<(u32, u32)> = Vec::new();
-    let texts =
-        std::iter::once(inc.summary.as_str()).chain(inc.evidence.iter().map(|e| e.text.as_str()));
-    for text in texts {
-        let mut rest = text;
-        while let Some(at) = rest.find("XID ") {
-            rest = &rest[at + 4..];
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            let Ok(code) = digits.parse::<u32>() else {
-                continue;
-            };
-            let seen = text
-                .split_once("seen ")
-                .and_then(|(_, s)| s.split(' ').next())
-                .and_then(|n| n.parse::<u32>().ok())
-                .unwrap_or(1);
-            match out.iter_mut().find(|(c, _)| *c == code) {
-                Some((_, n)) => *n = (*n).max(seen),
-                None => out.push((code, seen)),
-            }
-        }
-    }
-    out
+    warden_model::xid::named_codes(texts(inc))
 }
 
 #[cfg(test)]

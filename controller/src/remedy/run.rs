@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
-use warden_model::{Incident, IncidentState, NodeName, Timestamp};
+use warden_model::{Incident, IncidentKind, IncidentState, NodeName, Timestamp};
 
 use super::checkpoint;
 use super::policy::{ActionName, Decision, History, Policy, repeat_keys};
@@ -1031,6 +1031,15 @@ impl Remediator {
                 "healthy for {} (no live incident, agent heard)",
                 humantime::format_duration(after)
             );
+            // The node-health ledger takes the node back with the same reason, its
+            // evidence cleared.
+            {
+                let mut e = self.engine.lock();
+                if e.ledger().state(&n.name).holds_out() {
+                    e.ledger_mut()
+                        .decide(&n.name, false, "auto-release", &why, now);
+                }
+            }
             let result = format!("released {}; {done}", n.name);
             self.record(
                 ActionKind::Undrain,
@@ -1412,6 +1421,14 @@ impl Remediator {
             .map(|i| i.node.clone())
             .collect();
         exclude.extend(isolated.iter().cloned());
+        // Every node the node-health ledger holds out (quarantined, verifying, bad),
+        // and, after non-finite values, the nodes that first computed them: a rerun
+        // must not land on the GPU that produced them.
+        exclude.extend(self.engine.lock().ledger().held_out());
+        if inc.kind == IncidentKind::Nan {
+            exclude.extend(inc.nodes.iter().cloned());
+            exclude.extend(inc.gpus.iter().map(|g| g.node.clone()));
+        }
         exclude.sort();
         exclude.dedup();
         if !dry {

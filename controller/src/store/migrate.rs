@@ -242,9 +242,13 @@ mod tests {
             .collect();
         assert_eq!(
             found,
-            [(1, "init".to_owned()), (2, "remediation".to_owned())]
+            [
+                (1, "init".to_owned()),
+                (2, "remediation".to_owned()),
+                (3, "node health".to_owned())
+            ]
         );
-        assert_eq!(latest(&migrator), 2);
+        assert_eq!(latest(&migrator), 3);
         assert!(
             migrator.iter().all(|m| !m.no_tx),
             "every migration runs inside the one migration transaction"

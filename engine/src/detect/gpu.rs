@@ -3,6 +3,7 @@
 //! the kernel printed.
 
 use warden_model::wire::{EventSeverity, NodeEventKind};
+use warden_model::xid::XidCatalog;
 use warden_model::{Evidence, Finding, GpuRef, IncidentKind, Severity, Timestamp};
 
 use super::Verdict;
@@ -23,38 +24,10 @@ impl Default for GpuConfig {
     }
 }
 
-/// Short meaning of the XIDs seen most in training fleets (NVIDIA's XID catalog).
-pub fn xid_meaning(code: u32) -> Option<&'static str> {
-    Some(match code {
-        13 => "graphics engine exception",
-        31 => "GPU memory page fault",
-        43 => "GPU stopped processing",
-        45 => "preemptive cleanup after a prior error",
-        48 => "double-bit ECC error",
-        61 => "internal microcontroller breakpoint",
-        62 => "internal microcontroller halt",
-        63 => "ECC page retirement or row remapping recorded",
-        64 => "ECC page retirement or row remapping failure",
-        68 => "video processor exception",
-        69 => "graphics engine class error",
-        74 => "NVLink error",
-        79 => "GPU has fallen off the bus",
-        92 => "high single-bit ECC error rate",
-        94 => "contained ECC error",
-        95 => "uncontained ECC error",
-        109 => "context switch timeout",
-        119 => "GSP RPC timeout",
-        120 => "GSP error",
-        121 => "C2C link error",
-        140 => "unrecovered ECC error",
-        _ => return None,
-    })
-}
-
 fn describe(kind: NodeEventKind, code: Option<u32>) -> String {
     match (kind, code) {
-        (NodeEventKind::Xid, Some(c)) => match xid_meaning(c) {
-            Some(m) => format!("XID {c} ({m})"),
+        (NodeEventKind::Xid, Some(c)) => match XidCatalog::builtin().get(c) {
+            Some(x) => format!("XID {c} ({})", x.name),
             None => format!("XID {c}"),
         },
         (k, Some(c)) => format!("{} event {c}", k.as_str()),

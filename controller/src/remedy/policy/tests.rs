@@ -199,7 +199,7 @@ struct Seen(u32);
 
 impl History for Seen {
     fn occurrences(&self, rule: &str, key: &str, _: Timestamp, except: &str) -> u32 {
-        assert_eq!(rule, "xid13-repeated");
+        assert_eq!(rule, "xid-error-repeated");
         assert_eq!(key, "node-7/gpu3");
         assert_eq!(except, "inc-1");
         self.0
@@ -207,18 +207,20 @@ impl History for Seen {
 }
 
 #[test]
-fn xid_13_isolates_only_the_third_time_on_one_gpu() {
+fn a_job_impairing_xid_cordons_only_the_third_time_on_one_gpu() {
     let p = Policy::shipped().expect("policy");
     let once = incident(
         IncidentKind::GpuFault,
-        "GPU 3 on node-7 reported XID 13 (Graphics Engine Exception)",
+        "GPU 3 on node-7 reported XID 8 (GPU stopped processing (channel idle timeout)), error",
     );
-    assert_eq!(decided(&p, &once).expect("rule").name, "xid13-once");
+    let first = decided(&p, &once).expect("rule");
+    assert_eq!(first.name, "xid-not-fatal");
+    assert_eq!(first.then, vec![ActionName::Notify]);
     // Two earlier incidents on the same GPU within the hour.
     match p.decide(&once, &Seen(2), now(), false) {
         Decision::Act(r) => {
-            assert_eq!(r.name, "xid13-repeated");
-            assert!(r.then.contains(&ActionName::Cordon));
+            assert_eq!(r.name, "xid-error-repeated");
+            assert_eq!(r.then, vec![ActionName::Notify, ActionName::Cordon]);
         }
         other => panic!("{other:?}"),
     }
@@ -226,10 +228,13 @@ fn xid_13_isolates_only_the_third_time_on_one_gpu() {
     let mut grouped = once.clone();
     grouped.evidence.push(Evidence {
         at: now(),
-        text: "XID 13 (Graphics Engine Exception) seen 3 time(s)".into(),
+        text: "XID 8 (GPU stopped processing (channel idle timeout)) seen 3 time(s)".into(),
     });
-    assert_eq!(xid_codes(&grouped), vec![(13, 3)]);
-    assert_eq!(decided(&p, &grouped).expect("rule").name, "xid13-repeated");
+    assert_eq!(xid_codes(&grouped), vec![(8, 3)]);
+    assert_eq!(
+        decided(&p, &grouped).expect("rule").name,
+        "xid-error-repeated"
+    );
 }
 
 #[test]
@@ -272,6 +277,16 @@ fn bad_policies_are_refused_naming_the_field() {
             "at least one",
         ),
         ("version: 1\nrule: []\n", "rule", "unknown field"),
+        (
+            "version: 1\nrules:\n  - name: a\n    when: {xid_severity: [dire]}\n    then: [notify]\n",
+            "rules[0].when.xid_severity",
+            "\"dire\" is not an XID severity (info, warning, error or fatal)",
+        ),
+        (
+            "version: 1\nrules:\n  - name: a\n    when: {xid_cause: [cosmic]}\n    then: [notify]\n",
+            "rules[0].when.xid_cause[0]",
+            "unknown variant",
+        ),
     ];
     for (text, field, message) in cases {
         match Policy::parse(text, "test.yaml") {
@@ -287,4 +302,56 @@ fn bad_policies_are_refused_naming_the_field() {
             other => panic!("{text}: {other:?}"),
         }
     }
+}
+
+#[test]
+fn xid_conditions_read_the_catalog_and_what_the_message_states() {
+    let p = Policy::parse(
+        "version: 1\nrules:\n\
+         \x20 - {name: fatal, when: {xid_severity: [fatal]}, then: [drain]}\n\
+         \x20 - {name: memory-error, when: {xid_severity: [error], xid_cause: [memory]}, then: [cordon]}\n\
+         \x20 - {name: memory-warning, when: {xid_severity: [warning], xid_cause: [memory]}, then: [cordon]}\n\
+         \x20 - {name: named, when: {xid: [8], xid_severity: [error]}, then: [notify]}\n",
+        "test.yaml",
+    )
+    .expect("policy");
+    let rule = |summary: &str| {
+        decided(&p, &incident(IncidentKind::GpuFault, summary)).map(|r| r.name.clone())
+    };
+    // rules/xid.yaml: 79 fatal; 63 a memory warning; 92 a memory warning; 8 an error
+    // of the driver; 37 a driver warning; a code it does not list is a warning of no
+    // known cause.
+    assert_eq!(
+        rule("GPU 3 on node-7 reported XID 79, fatal").as_deref(),
+        Some("fatal")
+    );
+    assert_eq!(
+        rule("GPU 3 reported XID 63").as_deref(),
+        Some("memory-warning")
+    );
+    assert_eq!(
+        rule("GPU 3 reported XID 92").as_deref(),
+        Some("memory-warning")
+    );
+    assert_eq!(rule("GPU 3 reported XID 8").as_deref(), Some("named"));
+    assert_eq!(rule("GPU 3 reported XID 37"), None);
+    assert_eq!(rule("GPU 3 reported XID 9999"), None);
+    // Both XID conditions of one rule hold for the same code: an error of the driver
+    // beside a memory warning is not a memory error.
+    assert_eq!(
+        rule("GPU 3 reported XID 156").as_deref(),
+        Some("memory-error")
+    );
+    assert_eq!(
+        rule("GPU 3 reported XID 8 and XID 63").as_deref(),
+        Some("memory-warning")
+    );
+    // XID 154 is a warning unless its message states a reset, as the agent grades it.
+    let mut stated = incident(IncidentKind::GpuFault, "GPU 3 on node-7 reported XID 154");
+    assert_eq!(decided(&p, &stated).map(|r| r.name.as_str()), None);
+    stated.evidence.push(Evidence {
+        at: now(),
+        text: "node-7 kernel log: NVRM: Xid (PCI:0000:3b:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)".into(),
+    });
+    assert_eq!(decided(&p, &stated).map(|r| r.name.as_str()), Some("fatal"));
 }

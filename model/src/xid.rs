@@ -1,20 +1,24 @@
 //! NVIDIA's XID catalog (code → meaning, severity, cause, recommended action), loaded
-//! from the data file `rules/xid.yaml` that ships inside the binary.
+//! from the data file `rules/xid.yaml` that ships inside every binary: the one source
+//! of what an XID means for the agent's event severity, the simulator's physics and the
+//! remediation policy's XID conditions.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use rustc_hash::FxHashMap;
 use serde::Deserialize;
-use warden_model::wire::EventSeverity;
 
-/// The catalog shipped with the agent.
-const BUILTIN: &str = include_str!("../../rules/xid.yaml");
+use crate::wire::EventSeverity;
+
+/// The catalog shipped with Warden.
+pub const BUILTIN: &str = include_str!("../../rules/xid.yaml");
 
 /// Severity given to an XID the catalog does not list.
 pub const UNKNOWN_SEVERITY: EventSeverity = EventSeverity::Warning;
 
 /// What usually causes an XID.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Cause {
     /// Failing or marginal GPU hardware (PCIe link, board, firmware-detected faults).
     Hardware,
@@ -46,6 +50,19 @@ impl Cause {
             _ => return None,
         })
     }
+
+    /// The label written in the catalog.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Cause::Hardware => "hardware",
+            Cause::Driver => "driver",
+            Cause::Application => "application",
+            Cause::Thermal => "thermal",
+            Cause::Power => "power",
+            Cause::Nvlink => "nvlink",
+            Cause::Memory => "memory",
+        }
+    }
 }
 
 /// One catalog entry.
@@ -70,7 +87,7 @@ pub struct XidInfo {
 pub enum XidError {
     /// Not valid YAML, or not a list of mappings with known fields.
     #[error("XID catalog is not a valid list of entries: {0}")]
-    Yaml(#[from] warden_model::yaml::Error),
+    Yaml(#[from] crate::yaml::Error),
     /// A required field is absent.
     #[error("XID catalog entry {index}: missing field `{field}`")]
     Missing {
@@ -114,14 +131,14 @@ struct RawEntry {
 /// The XID catalog, by code.
 #[derive(Debug, Default)]
 pub struct XidCatalog {
-    by_code: FxHashMap<u32, XidInfo>,
+    by_code: BTreeMap<u32, XidInfo>,
 }
 
 impl XidCatalog {
     /// Parse a catalog in the format of `rules/xid.yaml`.
     pub fn parse(yaml: &str) -> Result<Self, XidError> {
-        let raw: Vec<RawEntry> = warden_model::yaml::from_str(yaml)?;
-        let mut by_code = FxHashMap::default();
+        let raw: Vec<RawEntry> = crate::yaml::from_str(yaml)?;
+        let mut by_code = BTreeMap::new();
         for (index, e) in raw.into_iter().enumerate() {
             let missing = |field| XidError::Missing { index, field };
             let code = e.code.ok_or_else(|| missing("code"))?;
@@ -160,7 +177,7 @@ impl XidCatalog {
         Ok(XidCatalog { by_code })
     }
 
-    /// The catalog shipped with the agent, parsed once. Should the shipped file fail
+    /// The catalog shipped with Warden, parsed once. Should the shipped file fail
     /// to parse (the tests make sure it does not), this is an empty catalog and
     /// [`XidCatalog::builtin_error`] says why.
     pub fn builtin() -> &'static XidCatalog {
@@ -186,6 +203,16 @@ impl XidCatalog {
         self.get(code).map_or(UNKNOWN_SEVERITY, |i| i.severity)
     }
 
+    /// The severity of one report of `code` whose kernel-log text is `text`: the
+    /// catalog's, except where the message states the recovery it needs (XID 154,
+    /// "Reset Required" or "Reboot Required": fatal).
+    pub fn severity_in(&self, code: u32, text: &str) -> EventSeverity {
+        if code == 154 && (text.contains("Reset Required") || text.contains("Reboot Required")) {
+            return EventSeverity::Fatal;
+        }
+        self.severity(code)
+    }
+
     /// Number of codes listed.
     pub fn len(&self) -> usize {
         self.by_code.len()
@@ -198,10 +225,51 @@ impl XidCatalog {
 
     /// All entries, in code order.
     pub fn entries(&self) -> Vec<&XidInfo> {
-        let mut v: Vec<&XidInfo> = self.by_code.values().collect();
-        v.sort_unstable_by_key(|i| i.code);
-        v
+        self.by_code.values().collect()
     }
+
+    /// Whether the catalog holds `code` fatal: the GPU is lost until it is reset or
+    /// replaced, so the process on it stops.
+    pub fn is_fatal(&self, code: u32) -> bool {
+        self.get(code)
+            .is_some_and(|i| i.severity == EventSeverity::Fatal)
+    }
+
+    /// The codes the catalog holds fatal, in order.
+    pub fn fatal_codes(&self) -> Vec<u32> {
+        self.by_code
+            .values()
+            .filter(|i| i.severity == EventSeverity::Fatal)
+            .map(|i| i.code)
+            .collect()
+    }
+}
+
+/// The XID codes texts name (`XID 79`, as the engine's findings write them), in order of
+/// first mention, with how many times a text says each was seen (`seen 3 time(s)`; 1
+/// when it does not say).
+pub fn named_codes<'t>(texts: impl IntoIterator<Item = &'t str>) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u32, u32)> = Vec::new();
+    for text in texts {
+        let mut rest = text;
+        while let Some(at) = rest.find("XID ") {
+            rest = &rest[at + 4..];
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            let Ok(code) = rest[..digits].parse::<u32>() else {
+                continue;
+            };
+            let seen = text
+                .split_once("seen ")
+                .and_then(|(_, s)| s.split(' ').next())
+                .and_then(|n| n.parse::<u32>().ok())
+                .unwrap_or(1);
+            match out.iter_mut().find(|(c, _)| *c == code) {
+                Some((_, n)) => *n = (*n).max(seen),
+                None => out.push((code, seen)),
+            }
+        }
+    }
+    out
 }
 
 fn builtin_result() -> &'static Result<XidCatalog, XidError> {
@@ -232,7 +300,7 @@ mod tests {
     #[test]
     fn shipped_catalog_has_no_duplicate_codes() {
         // `parse` refuses duplicates; check the raw list too so the test says which.
-        let raw: Vec<serde_json::Value> = warden_model::yaml::from_str(BUILTIN).unwrap_or_default();
+        let raw: Vec<serde_json::Value> = crate::yaml::from_str(BUILTIN).unwrap_or_default();
         let mut codes: Vec<u64> = raw
             .iter()
             .filter_map(|v| v.get("code").and_then(serde_json::Value::as_u64))
@@ -264,6 +332,20 @@ mod tests {
         }
         assert!(get(1).unused);
         assert!(!get(79).unused);
+    }
+
+    #[test]
+    fn named_codes_reads_codes_and_counts() {
+        assert_eq!(
+            named_codes([
+                "GPU 3 on node-7 reported XID 79 (GPU has fallen off the bus), fatal",
+                "XID 13 (graphics engine exception) seen 4 time(s)",
+                "XID 79 seen 2 time(s)",
+                "XID ninety, XID ",
+            ]),
+            vec![(79, 2), (13, 4)]
+        );
+        assert!(named_codes(["no codes here"]).is_empty());
     }
 
     #[test]
