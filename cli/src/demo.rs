@@ -1,6 +1,8 @@
 //! `warden demo`: a simulated job with a scripted fault mix, paced in virtual time,
 //! feeding an in-process controller whose API is served while it runs; incidents are
-//! printed as they open, change and resolve.
+//! printed as they open, change and resolve, and each node the node-health ledger
+//! takes out is followed through its health check (answered by the simulator, which
+//! knows whether the node's GPUs recover) until it returns or is marked bad.
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
@@ -17,7 +19,9 @@ use warden_controller::diagnosis;
 use warden_controller::metrics::Metrics;
 use warden_controller::operate::Operator;
 use warden_controller::persist::Persister;
+use warden_controller::remedy::CheckOutcome;
 use warden_controller::remedy::run::{Remediator, RemedyConfig};
+use warden_controller::remedy::verify::{SimulatedCheck, VerifyConfig};
 use warden_controller::store::Store;
 use warden_diagnosis::rules::RuleSet;
 use warden_engine::{Change, Clock, Engine, EngineConfig, ManualClock};
@@ -51,6 +55,12 @@ const DEMO_SCENARIO: &str = include_str!("demo.yaml");
 
 /// Wall-clock time between two advances of the simulation.
 const STEP_WALL: Duration = Duration::from_millis(100);
+
+/// How long a quarantined node waits for its health check, virtual time.
+const VERIFY_AFTER: Duration = Duration::from_secs(60);
+
+/// The most virtual time the demo runs on after the job stops, for health checks.
+const TAIL_SECS: f64 = 600.0;
 
 /// How long the API server gets to finish in-flight requests at the end.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -103,9 +113,24 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
     // Remediation acts under the shipped policy and its rails; the simulated cluster has
     // no scheduler, so Warden's own node table is where its drains show.
+    // A quarantined node's health check is answered by the simulator: it knows
+    // whether the node's GPUs come back after a reset.
+    let truth = scenario.clone();
+    let check = SimulatedCheck(Arc::new(move |node: &str| {
+        if truth.passes_health_check(node) {
+            CheckOutcome::Passed("every GPU answers after a reset".to_owned())
+        } else {
+            CheckOutcome::Failed("a GPU does not answer after a reset".to_owned())
+        }
+    }));
     let remedy = Remediator::new(
         RemedyConfig {
             dry_run: false,
+            verify: VerifyConfig {
+                enabled: true,
+                after: VERIFY_AFTER,
+                ..VerifyConfig::default()
+            },
             ..RemedyConfig::default()
         },
         engine.clone(),
@@ -114,7 +139,9 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         clock.clone(),
     )
     .await
-    .context("setting up remediation")?;
+    .context("setting up remediation")?
+    .with_simulated_check(check);
+    let mut health = HealthShown::default();
     let operator = Operator {
         remedy: Some(remedy.clone()),
         engine: engine.clone(),
@@ -218,6 +245,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
             status.clear();
             demo_out!("{}", show::incident(*change, view));
         }
+        health.print(&engine, &mut status);
         let _ = std::io::stdout().flush();
         if warden_config::stdout::gone() {
             // Nobody reads the incidents any more: stop as if finished.
@@ -226,6 +254,18 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         status.update(&sim.progress(), open);
     }
     status.finish(&sim.progress(), open_incidents(&engine.lock()));
+    if !interrupted && !warden_config::stdout::gone() {
+        interrupted = follow_checks(
+            &engine,
+            &remedy,
+            &operator,
+            &clock,
+            &mut health,
+            &mut status,
+            args.speed,
+        )
+        .await;
+    }
 
     let wall = started.elapsed().as_secs_f64();
     print_summary(&sim, &engine, wall, interrupted);
@@ -244,6 +284,102 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The node-health ledger's state changes printed so far, per node.
+#[derive(Default)]
+struct HealthShown {
+    seen: std::collections::BTreeMap<String, usize>,
+}
+
+impl HealthShown {
+    /// Print the ledger's state changes not printed yet.
+    fn print(&mut self, engine: &SharedEngine, status: &mut Status) {
+        let lines: Vec<String> = {
+            let e = engine.lock();
+            let origin = e.origin();
+            let mut lines = Vec::new();
+            for n in e.ledger().nodes() {
+                let seen = self.seen.entry(n.node.clone()).or_default();
+                for t in n.history.iter().skip(*seen) {
+                    lines.push(format!(
+                        "[{:>9.1}s] NODE {} {} -> {}: {}",
+                        warden_model::view::rel(t.at, origin),
+                        n.node,
+                        t.from.as_str(),
+                        t.to.as_str(),
+                        t.reason
+                    ));
+                }
+                *seen = n.history.len();
+            }
+            lines
+        };
+        for l in lines {
+            status.clear();
+            demo_outln!("{l}");
+        }
+    }
+}
+
+/// After the job stopped: run remediation on in virtual time until no node waits for
+/// or runs a health check (at most [`TAIL_SECS`]), printing the ledger's changes.
+/// Returns whether Ctrl-C interrupted it.
+async fn follow_checks(
+    engine: &SharedEngine,
+    remedy: &Remediator,
+    operator: &Operator,
+    clock: &ManualClock,
+    health: &mut HealthShown,
+    status: &mut Status,
+    speed: f64,
+) -> bool {
+    let pending = || {
+        engine.lock().ledger().nodes().any(|n| {
+            matches!(
+                n.state,
+                warden_engine::ledger::HealthState::Quarantined
+                    | warden_engine::ledger::HealthState::Verifying
+            )
+        })
+    };
+    if !pending() {
+        return false;
+    }
+    demo_outln!(
+        "The job stopped; remediation goes on: the nodes taken out wait for their health check."
+    );
+    let start = clock.now();
+    let started = Instant::now();
+    let mut pace = tokio::time::interval(STEP_WALL);
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    while pending() {
+        tokio::select! {
+            _ = pace.tick() => {}
+            _ = &mut ctrl_c => return true,
+        }
+        let ahead = (started.elapsed().as_secs_f64() * speed).min(TAIL_SECS);
+        clock.set(start.plus_secs(ahead));
+        if let Err(e) = remedy.pass(clock.now()).await {
+            eprintln!("warden demo: remediation failed: {e}");
+        }
+        if let Err(e) = operator
+            .persister
+            .lock()
+            .await
+            .sync(engine, clock.now())
+            .await
+        {
+            eprintln!("warden demo: cannot write to the store: {e}");
+        }
+        health.print(engine, status);
+        if ahead >= TAIL_SECS || warden_config::stdout::gone() {
+            break;
+        }
+    }
+    false
 }
 
 /// Diagnose each newly opened incident from the log lines the controller holds (the

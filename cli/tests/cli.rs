@@ -148,6 +148,36 @@ fn demo_runs_the_built_in_scenario_to_completion() {
     let isolations = actions.lines().filter(|l| l.contains(" isolate ")).count();
     assert_eq!(isolations, 1, "{actions}");
     assert!(actions.contains(" restart "), "{actions}");
+    // The node-health ledger: node-20 quarantined, checked once the job stopped, and
+    // back (its GPU recovers after a reset), in that order; node-09 only suspect.
+    let node20: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("] NODE node-20 "))
+        .collect();
+    let moves: Vec<&str> = node20
+        .iter()
+        .filter_map(|l| l.split_once("] NODE node-20 ")?.1.split_once(':'))
+        .map(|(m, _)| m)
+        .collect();
+    assert_eq!(
+        moves,
+        [
+            "healthy -> quarantined",
+            "quarantined -> verifying",
+            "verifying -> returned"
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("] NODE node-09 healthy -> suspect: XID 63"),
+        "{stdout}"
+    );
+    assert!(
+        actions.lines().any(|l| l.contains(" verify ")
+            && l.contains("node-20")
+            && l.contains("passed: every GPU answers after a reset; given back")),
+        "{actions}"
+    );
     // Not a terminal: one progress line per tenth of the run at most, plus the last.
     // The demo is paced by the wall clock, so a stalled machine may run all of it in
     // one advance and print a single line; the last line is always the run's end.

@@ -107,6 +107,12 @@ pub struct Metrics {
     pub remediation_dry_run: IntGauge,
     /// 1 per drained node, by node and owner (see [`Metrics::set_drained`]).
     drained: IntGaugeVec,
+    /// 1 per node the node-health ledger holds in a state other than healthy.
+    node_health: IntGaugeVec,
+    /// Incidents the ledger holds against each node that has any.
+    node_incidents: IntGaugeVec,
+    /// Mean seconds between the incidents held against each node with two or more.
+    node_incident_interval: GaugeVec,
 }
 
 /// Per-job and per-rank gauges, rebuilt from the engine's jobs on each scrape (a job the
@@ -559,6 +565,38 @@ impl Metrics {
                 r.register(Box::new(g.clone()))?;
                 g
             },
+            node_health: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "warden_node_health",
+                        "1 per node the node-health ledger holds in a state other than \
+                         healthy, by node and state (suspect, quarantined, verifying, \
+                         returned, bad).",
+                    ),
+                    &["node", "state"],
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            node_incidents: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "warden_node_incidents",
+                        "Incidents the node-health ledger ever held against the node (above \
+                         the job's own), for each node with any.",
+                    ),
+                    &["node"],
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            node_incident_interval: gauge_vec(
+                &r,
+                "warden_node_incident_interval_seconds",
+                "Mean seconds between the incidents the node-health ledger holds against the \
+                 node, for each node with two or more.",
+                &["node"],
+            )?,
             jobs: JobMetrics::new(&r)?,
             registry: r,
             seen: Mutex::new(Seen::default()),
@@ -674,6 +712,26 @@ impl Metrics {
             .count();
         self.agents.set(i64::try_from(alive).unwrap_or(i64::MAX));
         self.jobs.update(engine);
+        self.node_health.reset();
+        self.node_incidents.reset();
+        self.node_incident_interval.reset();
+        for n in engine.ledger().nodes() {
+            if n.state != warden_engine::ledger::HealthState::Healthy {
+                self.node_health
+                    .with_label_values(&[n.node.as_str(), n.state.as_str()])
+                    .set(1);
+            }
+            if n.incidents > 0 {
+                self.node_incidents
+                    .with_label_values(&[n.node.as_str()])
+                    .set(i64::try_from(n.incidents).unwrap_or(i64::MAX));
+            }
+            if let Some(secs) = n.mean_secs_between() {
+                self.node_incident_interval
+                    .with_label_values(&[n.node.as_str()])
+                    .set(secs);
+            }
+        }
     }
 
     /// The drained nodes as `(node, owner)` pairs, replacing the last set (read from

@@ -382,7 +382,10 @@ impl Operator {
                 }
                 None => "interrupted before it finished; not repeated".to_owned(),
             },
-            ActionKind::Restart | ActionKind::BreakerTrip | ActionKind::BreakerReset => {
+            ActionKind::Restart
+            | ActionKind::BreakerTrip
+            | ActionKind::BreakerReset
+            | ActionKind::Verify => {
                 // Remediation records these as intended and done together; one left
                 // intended was cut short. Its incident counts as decided, so nothing
                 // runs twice (a job is never restarted twice).

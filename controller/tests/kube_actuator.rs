@@ -10,7 +10,9 @@ use hyper::{Method, Request, Response};
 use kube::client::Body;
 use serde_json::{Value, json};
 use warden_controller::remedy::kubernetes::{JobKind, KubeActuator, KubeConfig};
-use warden_controller::remedy::{ActuatorError, Isolation, Outcome, Release, Restart, ResumePoint};
+use warden_controller::remedy::{
+    ActuatorError, CheckOutcome, Isolation, Outcome, Release, Restart, ResumePoint,
+};
 use warden_model::Timestamp;
 
 /// 2023-11-14T22:13:20Z.
@@ -721,4 +723,245 @@ async fn restart_of_an_unknown_job_is_not_found() {
     })
     .await;
     assert!(matches!(out, Err(ActuatorError::Failed { .. })), "{out:?}");
+}
+
+/// Settings with a health check image.
+fn checking() -> KubeConfig {
+    KubeConfig {
+        check_image: Some("nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04".to_owned()),
+        check_gpus: 8,
+        ..KubeConfig::default()
+    }
+}
+
+const CHECK_JOBS: &str = "/apis/batch/v1/namespaces/warden/jobs?";
+const CHECK_JOB: &str = "/apis/batch/v1/namespaces/warden/jobs/warden-check-x7k2p";
+
+fn check_job(status: Value) -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "warden-check-x7k2p", "namespace": "warden"},
+        "spec": {"template": {"spec": {"containers": []}}},
+        "status": status,
+    })
+}
+
+/// The check Job as created: pinned to the node, tolerating Warden's taint and the
+/// cordon, one try, the timeout as its deadline, the GPUs asked for.
+fn the_check_job(b: &Value) {
+    assert_eq!(b["metadata"]["generateName"], "warden-check-", "{b}");
+    assert_eq!(b["metadata"]["namespace"], "warden", "{b}");
+    assert_eq!(
+        b["metadata"]["annotations"]["warden.io/checks-node"], "gpu-7",
+        "{b}"
+    );
+    let spec = &b["spec"];
+    assert_eq!(spec["backoffLimit"], 0, "{b}");
+    assert_eq!(spec["activeDeadlineSeconds"], 1200, "{b}");
+    let pod = &spec["template"]["spec"];
+    assert_eq!(pod["nodeName"], "gpu-7", "{b}");
+    assert_eq!(pod["restartPolicy"], "Never", "{b}");
+    assert_eq!(
+        pod["tolerations"],
+        json!([
+            {"key": "warden.io/fault", "operator": "Exists"},
+            {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+        ]),
+        "{b}"
+    );
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["image"],
+        "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04"
+    );
+    assert_eq!(c["command"], json!(["dcgmi", "diag", "-r", "2"]));
+    assert_eq!(c["resources"]["limits"]["nvidia.com/gpu"], "8", "{b}");
+}
+
+/// The check of gpu-7 with a `secs` timeout, against `script`.
+async fn check_over(script: Vec<Exchange>, secs: u64) -> Result<CheckOutcome, ActuatorError> {
+    run(checking(), script, async |a| {
+        a.verify("gpu-7", &diag(), std::time::Duration::from_secs(secs))
+            .await
+    })
+    .await
+}
+
+fn diag() -> Vec<String> {
+    ["dcgmi", "diag", "-r", "2"].map(str::to_owned).to_vec()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_health_check_is_a_job_pinned_to_the_node_and_its_success_a_pass() {
+    let script = vec![
+        expect(Method::POST, CHECK_JOBS, 201, check_job(json!({}))).body(the_check_job),
+        expect(Method::GET, CHECK_JOB, 200, check_job(json!({"active": 1}))),
+        expect(
+            Method::GET,
+            CHECK_JOB,
+            200,
+            check_job(json!({"succeeded": 1})),
+        ),
+    ];
+    let out = check_over(script, 1200).await;
+    assert_eq!(
+        out.expect("a verdict"),
+        CheckOutcome::Passed("check job warden-check-x7k2p succeeded on gpu-7".to_owned())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_check_job_is_a_failed_check_with_its_reason() {
+    let failed = json!({"failed": 1, "conditions": [{
+        "type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+        "message": "Job has reached the specified backoff limit",
+    }]});
+    let script = vec![
+        expect(Method::POST, CHECK_JOBS, 201, check_job(json!({}))).body(the_check_job),
+        expect(Method::GET, CHECK_JOB, 200, check_job(failed)),
+    ];
+    let out = check_over(script, 1200).await;
+    assert_eq!(
+        out.expect("a verdict"),
+        CheckOutcome::Failed(
+            "check job warden-check-x7k2p failed: BackoffLimitExceeded: Job has reached the \
+             specified backoff limit on gpu-7"
+                .to_owned()
+        )
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_check_job_with_no_verdict_in_time_is_deleted_and_no_verdict() {
+    // A 60 s check polled every 10 s: seven reads within the check's time and the
+    // minute after it, then the Job goes.
+    let mut script =
+        vec![expect(Method::POST, CHECK_JOBS, 201, check_job(json!({}))).body(the_check_job_60)];
+    for _ in 0..12 {
+        script.push(expect(
+            Method::GET,
+            CHECK_JOB,
+            200,
+            check_job(json!({"active": 1})),
+        ));
+    }
+    script.push(
+        expect(
+            Method::DELETE,
+            &format!("{CHECK_JOB}?"),
+            200,
+            check_job(json!({"active": 1})),
+        )
+        .body(|b| assert_eq!(b["propagationPolicy"], "Background", "{b}")),
+    );
+    let out = check_over(script, 60).await;
+    match out {
+        Err(ActuatorError::Retry { why, .. }) => {
+            assert!(why.contains("gave no verdict"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn the_check_job_60(b: &Value) {
+    assert_eq!(b["spec"]["activeDeadlineSeconds"], 60, "{b}");
+}
+
+/// The Event on gpu-7 the server expects, its body checked by `check`.
+fn event_posted(check: impl Fn(&Value) + Send + 'static) -> Exchange {
+    expect(
+        Method::POST,
+        "/api/v1/namespaces/default/events?",
+        201,
+        json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "gpu-7.1"},
+               "involvedObject": {"kind": "Node", "name": "gpu-7"}}),
+    )
+    .body(check)
+}
+
+#[tokio::test]
+async fn a_ledger_change_is_the_node_condition_and_an_event() {
+    let script = vec![
+        expect(
+            Method::PATCH,
+            "/api/v1/nodes/gpu-7/status?fieldManager=warden",
+            200,
+            node("100", true, json!({}), json!([])),
+        )
+        .body(|b| {
+            assert_eq!(
+                b["status"]["conditions"],
+                json!([{
+                    "type": "WardenHealthy", "status": "False", "reason": "Quarantined",
+                    "message": "healthy -> quarantined: XID 79, fatal in the XID catalog (GPU 3)",
+                    "lastTransitionTime": "2023-11-14T22:13:20Z",
+                    "lastHeartbeatTime": "2023-11-14T22:13:20Z",
+                }]),
+                "{b}"
+            );
+        }),
+        event_posted(|b| {
+            assert_eq!(b["metadata"]["generateName"], "gpu-7.", "{b}");
+            assert_eq!(
+                b["involvedObject"],
+                json!({"kind": "Node", "apiVersion": "v1", "name": "gpu-7"}),
+                "{b}"
+            );
+            assert_eq!(b["reason"], "WardenQuarantined", "{b}");
+            assert_eq!(b["type"], "Warning", "{b}");
+            assert_eq!(b["source"]["component"], "warden", "{b}");
+            assert_eq!(b["firstTimestamp"], "2023-11-14T22:13:20Z", "{b}");
+            assert!(
+                b["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("healthy -> quarantined: XID 79")),
+                "{b}"
+            );
+        }),
+    ];
+    run(KubeConfig::default(), script, async |a| {
+        a.node_health(
+            "gpu-7",
+            "quarantined",
+            true,
+            "healthy -> quarantined: XID 79, fatal in the XID catalog (GPU 3)",
+            AT,
+        )
+        .await
+    })
+    .await
+    .expect("written");
+}
+
+#[tokio::test]
+async fn a_returned_node_is_healthy_again_with_a_normal_event() {
+    let script = vec![
+        expect(
+            Method::PATCH,
+            "/api/v1/nodes/gpu-7/status?fieldManager=warden",
+            200,
+            node("101", false, json!({}), json!([])),
+        )
+        .body(|b| {
+            let c = &b["status"]["conditions"][0];
+            assert_eq!(c["status"], "True", "{b}");
+            assert_eq!(c["reason"], "Returned", "{b}");
+        }),
+        event_posted(|b| {
+            assert_eq!(b["reason"], "WardenReturned", "{b}");
+            assert_eq!(b["type"], "Normal", "{b}");
+        }),
+    ];
+    run(KubeConfig::default(), script, async |a| {
+        a.node_health(
+            "gpu-7",
+            "returned",
+            false,
+            "verifying -> returned: health check passed",
+            AT,
+        )
+        .await
+    })
+    .await
+    .expect("written");
 }

@@ -393,3 +393,114 @@ fn an_action_is_listed_intended_without_a_result_while_its_actuator_runs() {
     assert!(ran[0].starts_with("isolate node-0 true inc-"), "{ran:?}");
     c.kill();
 }
+
+/// Verification through the script actuator: three nodes' GPUs fall off the bus; each
+/// node's check runs the script with `WARDEN_ACTION=verify`. node-0 passes and is given
+/// back; node-1 fails and stays out, marked bad; node-2's first check cannot run (75)
+/// and is no verdict: it runs again and passes.
+#[test]
+fn a_quarantined_node_returns_only_through_a_passed_check() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let once = dir.path().join("busy-once");
+    let (script, log) = support::recording_actuator(
+        dir.path(),
+        &format!(
+            "if [ \"$WARDEN_ACTION\" = verify ]; then\n\
+             case \"$WARDEN_NODE\" in\n\
+             node-1) echo 'GPU 3: diag level 2 failed (memory)' >&2; exit 1;;\n\
+             node-2) if [ ! -e {once} ]; then touch {once}; echo 'the node is busy' >&2; exit 75; fi;;\n\
+             esac\n\
+             echo 'dcgmi diag -r 2: pass'\n\
+             fi\n",
+            once = once.display()
+        ),
+        "$WARDEN_ACTION $WARDEN_NODE",
+    );
+    let config = dir.path().join("controller.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "remediation:\n  dry_run: false\n  actuator: script\n  script:\n    program: {}\n  \
+             breaker: {{max_nodes: 10, max_percent: 100}}\n  \
+             verify: {{enabled: true, after: 1s}}\n",
+            script.display()
+        ),
+    )
+    .expect("write config");
+    let c = start(dir.path(), &config);
+    storm(&c, 3);
+    let health = |node: &str| c.get(&format!("/api/v1/nodes/{node}/health"));
+    wait_until("every check decided", PATIENCE * 2, || {
+        health("node-0")["state"] == "returned"
+            && health("node-1")["state"] == "bad"
+            && health("node-2")["state"] == "returned"
+    });
+    let checks = |node: &str| -> Vec<String> {
+        count(&c.actions(), "verify", node)
+            .iter()
+            .filter(|a| finished(a))
+            .filter_map(|a| a["result"].as_str().map(str::to_owned))
+            .collect()
+    };
+    wait_until("the checks recorded", PATIENCE, || {
+        checks("node-0").len() == 1 && checks("node-1").len() == 1 && checks("node-2").len() == 2
+    });
+    assert_eq!(
+        checks("node-0"),
+        ["passed: dcgmi diag -r 2: pass; given back: script: given back"]
+    );
+    assert_eq!(
+        checks("node-1"),
+        ["failed: exit status 1: GPU 3: diag level 2 failed (memory); kept out: script: drained"]
+    );
+    let node2 = checks("node-2");
+    assert!(
+        node2.contains(&"no verdict: health check of node-2 refused for now: the node is busy; run again in 1s".to_owned()),
+        "{node2:?}"
+    );
+    assert!(
+        node2.contains(&"passed: dcgmi diag -r 2: pass; given back: script: given back".to_owned()),
+        "{node2:?}"
+    );
+    // The actuator saw each step (a check that exits early logs nothing): the broken
+    // node isolated again as bad, and still held in Warden's table.
+    let seen = lines(&log);
+    for want in [
+        "verify node-0",
+        "release node-0",
+        "verify node-2",
+        "release node-2",
+    ] {
+        assert!(seen.iter().any(|l| l == want), "{want} in {seen:?}");
+    }
+    assert_eq!(
+        seen.iter().filter(|l| *l == "isolate node-1").count(),
+        2,
+        "{seen:?}"
+    );
+    assert!(!seen.iter().any(|l| l == "release node-1"), "{seen:?}");
+    let drained: Vec<String> = c
+        .get("/api/v1/nodes")
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["state"] == "drained")
+        .filter_map(|n| n["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(drained, ["node-1"]);
+    // The history says why, with the check's own words.
+    let h = health("node-1");
+    let reasons: Vec<&str> = h["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|t| t["reason"].as_str())
+        .collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("health check failed: exit status 1: GPU 3")),
+        "{h}"
+    );
+    c.kill();
+}

@@ -11,12 +11,12 @@ mod support;
 use std::ffi::OsStr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::ctl::Ctl;
+use support::ctl::{Ctl, finished};
 use support::slurm::{Options, SlurmCluster};
 use warden_model::wire::{
     Batch, EventSeverity, Heartbeat, JobSignals, NodeEvent, NodeEventKind, RankInfo, TrainingMetric,
 };
-use warden_testkit::{PATIENCE, wait_until};
+use warden_testkit::{PATIENCE, wait_for, wait_until};
 
 /// A requeued job waits `cred_expire` (5 s here) before it may start again.
 const JOB_TIMEOUT: Duration = PATIENCE;
@@ -79,6 +79,21 @@ fn write(path: &std::path::Path, text: &str) {
     std::fs::write(path, text).expect("write");
 }
 
+/// The controller with its data under `dir` and its configuration file `config`.
+fn controller(dir: &std::path::Path, config: &std::path::Path) -> Ctl {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    Ctl::start(
+        &[
+            OsStr::new("--data-dir"),
+            data.as_os_str(),
+            OsStr::new("--config"),
+            config.as_os_str(),
+        ],
+        None,
+    )
+}
+
 fn job_field(cluster: &SlurmCluster, id: u32, key: &str) -> String {
     let out = cluster
         .command("scontrol")
@@ -136,17 +151,7 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
             dir.path().display()
         ),
     );
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("mkdir");
-    let c = Ctl::start(
-        &[
-            OsStr::new("--data-dir"),
-            data.as_os_str(),
-            OsStr::new("--config"),
-            config.as_os_str(),
-        ],
-        None,
-    );
+    let c = controller(dir.path(), &config);
     cluster.set_controller_url(&format!("http://127.0.0.1:{}", c.port));
     for (i, n) in cluster.nodes().iter().enumerate() {
         c.ingest_heartbeat(n, i as u64 + 1);
@@ -262,4 +267,136 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
             })
     });
     c.kill();
+}
+
+/// The `Reason=` of `node` as `scontrol show node` prints it.
+fn node_line(cluster: &SlurmCluster, node: &str) -> String {
+    let out = cluster
+        .command("scontrol")
+        .args(["show", "node", node, "--oneliner"])
+        .output()
+        .expect("scontrol runs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_quarantined_node_returns_only_when_its_check_job_passes_on_the_node() {
+    if !SlurmCluster::available() {
+        return;
+    }
+    let cluster = SlurmCluster::start(&Options {
+        nodes: 3,
+        cred_expire_secs: Some(5),
+        ..Options::default()
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    // The check the job runs on the node: a node with a `broken-<node>` file fails.
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&marks).expect("mkdir");
+    let [broken, sound, _] = [0, 1, 2].map(|i| cluster.nodes()[i].clone());
+    write(
+        &marks.join(format!("broken-{broken}")),
+        "the GPU stays off the bus\n",
+    );
+    let config = dir.path().join("controller.yaml");
+    write(
+        &config,
+        &format!(
+            "remediation:\n  dry_run: false\n  actuator: slurm\n  slurm:\n    slurm_conf: {}\n  \
+             breaker: {{max_percent: 100}}\n  \
+             verify:\n    enabled: true\n    after: 1s\n    timeout: 2m\n    command: \
+             [/bin/sh, -c, 'test ! -e {}/broken-$SLURMD_NODENAME']\n",
+            cluster.conf().display(),
+            marks.display()
+        ),
+    );
+    let c = controller(dir.path(), &config);
+    for (i, n) in cluster.nodes().iter().enumerate() {
+        c.ingest_heartbeat(n, i as u64 + 1);
+    }
+    // Both GPUs fall off the bus: the ledger quarantines both nodes, the policy drains
+    // them, and each one's check runs as a Slurm job on it.
+    c.ingest_xid(&broken, 10);
+    c.ingest_xid(&sound, 11);
+    let c = &c;
+    let verified = |node: &str| {
+        let node = node.to_owned();
+        move || {
+            c.actions()
+                .into_iter()
+                .find(|a| a["kind"] == "verify" && a["target"] == node.as_str() && finished(a))
+        }
+    };
+    let failed = wait_for("the broken node's check", PATIENCE * 4, verified(&broken));
+    let passed = wait_for("the sound node's check", PATIENCE * 4, verified(&sound));
+    let result = |a: &serde_json::Value| a["result"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        result(&passed).starts_with("passed: check job "),
+        "{passed}"
+    );
+    assert!(
+        result(&passed).contains(&format!(" exited 0 on {sound}; given back: slurm: ")),
+        "{passed}"
+    );
+    assert!(
+        result(&failed).starts_with(&format!(
+            "failed: check job on {broken}: exited with status 1 (job "
+        )),
+        "{failed}"
+    );
+    // The check was a real Slurm job, named for the node, run on it.
+    let job: u32 = result(&passed)
+        .strip_prefix("passed: check job ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("a job id in {passed}"));
+    assert_eq!(
+        job_field(&cluster, job, "JobName"),
+        format!("warden-verify-{sound}")
+    );
+    assert_eq!(job_field(&cluster, job, "NodeList"), sound);
+    assert_eq!(job_field(&cluster, job, "JobState"), "COMPLETED");
+
+    // The ledger's verdicts, and Slurm's: the sound node in service, the broken one
+    // drained with its state in the reason; no reservation left behind.
+    let health = |node: &str| c.get(&format!("/api/v1/nodes/{node}/health"));
+    assert_eq!(health(&sound)["state"], "returned", "{}", health(&sound));
+    assert_eq!(health(&broken)["state"], "bad", "{}", health(&broken));
+    let line = node_line(&cluster, &sound);
+    assert!(
+        !line.contains("DRAIN") && !line.contains("RESERVED"),
+        "{line}"
+    );
+    let line = node_line(&cluster, &broken);
+    assert!(line.contains("DRAIN"), "{line}");
+    assert!(
+        line.contains("Reason=warden: bad: health check failed: check job on"),
+        "{line}"
+    );
+    let out = cluster
+        .command("scontrol")
+        .args(["show", "reservation"])
+        .output()
+        .expect("scontrol runs");
+    let reservations = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!reservations.contains("warden-verify"), "{reservations}");
+    // Warden's node table: the broken node still held, the sound one not.
+    let nodes = c.get("/api/v1/nodes");
+    let held: Vec<&str> = nodes
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| n["state"] == "drained")
+        .filter_map(|n| n["name"].as_str())
+        .collect();
+    assert!(held.contains(&broken.as_str()), "{nodes}");
+    assert!(!held.contains(&sound.as_str()), "{nodes}");
+    // The alert's series.
+    let (_, metrics) = support::http_get(c.port, "/metrics").expect("metrics");
+    assert!(
+        metrics.contains(&format!(
+            "warden_node_health{{node=\"{broken}\",state=\"bad\"}} 1"
+        )),
+        "{metrics}"
+    );
 }

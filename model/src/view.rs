@@ -277,6 +277,8 @@ pub enum ActionKind {
     BreakerTrip,
     /// A person reset the circuit breaker.
     BreakerReset,
+    /// A quarantined node's health check ran (the node-health ledger).
+    Verify,
 }
 
 impl ActionKind {
@@ -291,6 +293,7 @@ impl ActionKind {
             ActionKind::Restart => "restart",
             ActionKind::BreakerTrip => "breaker_trip",
             ActionKind::BreakerReset => "breaker_reset",
+            ActionKind::Verify => "verify",
         }
     }
 }
@@ -307,6 +310,7 @@ impl FromStr for ActionKind {
             ActionKind::Restart,
             ActionKind::BreakerTrip,
             ActionKind::BreakerReset,
+            ActionKind::Verify,
         ]
         .into_iter()
         .find(|k| k.as_str() == s)

@@ -184,6 +184,9 @@ pub enum FaultKind {
         gpu: u32,
         /// XID code.
         code: u32,
+        /// A reset brings the GPU back: the node's health check passes afterwards
+        /// (`recovers: true`); otherwise the GPU stays broken and the check fails.
+        recovers: bool,
     },
     /// The rank stops before its next collective and never arrives.
     Hang {
@@ -379,6 +382,7 @@ struct RawFault {
     gpu: Option<u32>,
     code: Option<u32>,
     slowdown: Option<f64>,
+    recovers: Option<bool>,
 }
 
 /// Node name of node index `i` in a job of `nodes` nodes: `node-` and the index,
@@ -448,6 +452,14 @@ impl Scenario {
             file: path.to_path_buf(),
             source: Box::new(e),
         })
+    }
+
+    /// Whether a health check of `node` (a diagnostic after a GPU reset) passes: not
+    /// when one of its GPUs took an XID that does not recover.
+    pub fn passes_health_check(&self, node: &str) -> bool {
+        !self.faults.iter().any(
+            |f| matches!(&f.kind, FaultKind::Xid { node: n, recovers: false, .. } if n == node),
+        )
     }
 
     /// Number of ranks in the job.
@@ -782,6 +794,9 @@ impl Scenario {
         {
             c.fail(at("slowdown"), "must be >= 1.0");
         }
+        if f.recovers.is_some() && f.kind != "xid" {
+            c.fail(at("recovers"), "only an xid fault recovers (or not)");
+        }
         if c.problems.len() > before {
             return None;
         }
@@ -803,6 +818,7 @@ impl Scenario {
                 node,
                 gpu: f.gpu.unwrap_or(0),
                 code: f.code.unwrap_or(0),
+                recovers: f.recovers.unwrap_or(false),
             },
         };
         Some(Fault {
@@ -816,6 +832,29 @@ impl Scenario {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_passes_its_health_check_unless_an_xid_broke_a_gpu_for_good() {
+        let s = Scenario::from_yaml(
+            "job: {name: j, nodes: 4, gpus_per_node: 2}\nsteps: 100\nfaults:\n  \
+             - {step: 20, kind: xid, node: node-02, gpu: 0, code: 63}\n  \
+             - {step: 30, kind: straggler, node: node-03}\n  \
+             - {step: 40, kind: xid, node: node-01, gpu: 1, code: 79, recovers: true}\n",
+            "t",
+        )
+        .expect("valid");
+        assert!(s.passes_health_check("node-00"));
+        assert!(s.passes_health_check("node-01"));
+        assert!(!s.passes_health_check("node-02"));
+        assert!(s.passes_health_check("node-03"));
+        let e = Scenario::from_yaml(
+            "job: {name: j, nodes: 4, gpus_per_node: 2}\nsteps: 100\nfaults:\n  \
+             - {step: 30, kind: straggler, node: node-03, recovers: true}\n",
+            "t",
+        )
+        .expect_err("refused");
+        assert!(e.to_string().contains("recovers"), "{e}");
+    }
 
     #[test]
     fn node_names_are_zero_padded() {

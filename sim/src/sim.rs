@@ -390,7 +390,9 @@ impl Simulation {
                     rec.node = node.clone();
                     rec.slowdown = Some(*slowdown);
                 }
-                FaultKind::Xid { node, gpu, code } => {
+                FaultKind::Xid {
+                    node, gpu, code, ..
+                } => {
                     rec.node = node.clone();
                     rec.gpu = Some(*gpu);
                     rec.code = Some(*code);

@@ -349,12 +349,15 @@ fn rbac_is_exactly_the_least_privilege_set() {
             "pytorchjobs",
             &["get", "patch"][..],
         ),
+        ("ClusterRole", "", "nodes/status", &["patch"][..]),
+        ("ClusterRole", "", "events", &["create"][..]),
         (
             "Role",
             "coordination.k8s.io",
             "leases",
             &["get", "create", "update"][..],
         ),
+        ("Role", "batch", "jobs", &["get", "create", "delete"][..]),
     ]
     .iter()
     .flat_map(|(kind, group, res, verbs)| {

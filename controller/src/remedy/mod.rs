@@ -15,6 +15,7 @@ pub mod policy;
 pub mod run;
 pub mod script;
 pub mod slurm;
+pub mod verify;
 
 use std::path::PathBuf;
 
@@ -93,6 +94,15 @@ pub enum Outcome {
         /// Who holds it, as far as can be told.
         owner: String,
     },
+}
+
+/// What a node's health check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckOutcome {
+    /// The node is fit to return: what the check said.
+    Passed(String),
+    /// The node is not: what the check said.
+    Failed(String),
 }
 
 /// Why an actuator could not do what was asked.

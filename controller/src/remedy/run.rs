@@ -23,7 +23,7 @@ use warden_model::{Incident, IncidentKind, IncidentState, NodeName, Timestamp};
 use super::checkpoint;
 use super::policy::{ActionName, Decision, History, Policy, repeat_keys};
 use super::script::{ScriptActuator, ScriptConfig};
-use super::{ActuatorError, Isolation, Outcome, Restart};
+use super::{ActuatorError, CheckOutcome, Isolation, Outcome, Restart};
 use crate::shared::SharedEngine;
 use crate::store::{ActionKind, ActionRecord, ActionStatus, NodeRecord, Store, StoreError};
 use warden_engine::IncidentChange;
@@ -120,6 +120,8 @@ pub struct RemedyConfig {
     /// start report) before the timeline says it was not.
     #[serde(with = "super::duration_text")]
     pub restart_verify_window: Duration,
+    /// Health checks of the nodes the node-health ledger quarantined.
+    pub verify: super::verify::VerifyConfig,
 }
 
 impl Default for RemedyConfig {
@@ -139,6 +141,7 @@ impl Default for RemedyConfig {
             checkpoint_dir: None,
             auto_release_after: None,
             restart_verify_window: Duration::from_secs(1800),
+            verify: super::verify::VerifyConfig::default(),
         }
     }
 }
@@ -179,6 +182,16 @@ impl RemedyConfig {
             )),
             (_, Some(s)) => out.extend(s.problems("remediation.script")),
             _ => {}
+        }
+        out.extend(self.verify.problems(self.actuator));
+        if self.verify.enabled
+            && self.actuator == ActuatorKind::Kubernetes
+            && self.kubernetes.check_image.is_none()
+        {
+            out.push((
+                "remediation.kubernetes.check_image".into(),
+                "the health check Job needs an image (verify.enabled)".into(),
+            ));
         }
         out
     }
@@ -392,7 +405,7 @@ pub enum Actuator {
 }
 
 impl Actuator {
-    async fn isolate(&self, req: &Isolation) -> Result<Outcome, ActuatorError> {
+    pub(super) async fn isolate(&self, req: &Isolation) -> Result<Outcome, ActuatorError> {
         match self {
             Actuator::None => Ok(Outcome::Applied),
             Actuator::Script(s) => s.isolate(req).await,
@@ -422,6 +435,29 @@ impl Actuator {
         }
     }
 
+    /// Write a node-health ledger change where the scheduler shows it (Kubernetes: the
+    /// node condition and an Event); `false` where this actuator has no such place.
+    pub(super) async fn node_health(
+        &self,
+        node: &str,
+        state: &str,
+        held_out: bool,
+        message: &str,
+        at: Timestamp,
+    ) -> Result<bool, ActuatorError> {
+        match self {
+            #[cfg(feature = "kubernetes")]
+            Actuator::Kubernetes(k) => k
+                .node_health(node, state, held_out, message, at)
+                .await
+                .map(|()| true),
+            _ => {
+                let _ = (node, state, held_out, message, at);
+                Ok(false)
+            }
+        }
+    }
+
     /// Whether it is the Kubernetes actuator (jobs and namespaces are its terms).
     fn is_kubernetes(&self) -> bool {
         #[cfg(feature = "kubernetes")]
@@ -430,7 +466,25 @@ impl Actuator {
         return false;
     }
 
-    fn name(&self) -> &'static str {
+    /// Run `node`'s health check.
+    pub(super) async fn verify(
+        &self,
+        node: &str,
+        cfg: &super::verify::VerifyConfig,
+    ) -> Result<CheckOutcome, ActuatorError> {
+        match self {
+            Actuator::Script(s) => s.verify(node, cfg.timeout).await,
+            Actuator::Slurm(s) => s.verify(node, &cfg.command, cfg.timeout).await,
+            #[cfg(feature = "kubernetes")]
+            Actuator::Kubernetes(k) => k.verify(node, &cfg.command, cfg.timeout).await,
+            _ => Err(ActuatorError::Failed {
+                what: format!("health check of {node}"),
+                why: format!("the {} actuator runs no health checks", self.name()),
+            }),
+        }
+    }
+
+    pub(super) fn name(&self) -> &'static str {
         match self {
             Actuator::None => "none",
             Actuator::Script(_) => "script",
@@ -456,17 +510,23 @@ struct PendingRestart {
 /// The remediation loop's state and parts.
 #[derive(Debug, Clone)]
 pub struct Remediator {
-    config: Arc<RemedyConfig>,
+    pub(super) config: Arc<RemedyConfig>,
     policy: Arc<Policy>,
-    actuator: Actuator,
-    engine: SharedEngine,
-    store: Store,
+    pub(super) actuator: Actuator,
+    pub(super) engine: SharedEngine,
+    pub(super) store: Store,
     metrics: Option<Arc<crate::metrics::Metrics>>,
     clock: Arc<dyn warden_engine::clock::Clock>,
     state: Arc<Mutex<RailsState>>,
     /// When this controller last took the lead ([`Remediator::reload`]), ns since the
     /// epoch; 0 before.
     led_at: Arc<AtomicI64>,
+    /// Health checks under way (`remedy::verify`).
+    pub(super) checks: Arc<Mutex<super::verify::Checks>>,
+    /// Health checks answered in-process instead of through the actuator.
+    pub(super) simulated_check: Option<super::verify::SimulatedCheck>,
+    /// Per node, the time of the last ledger change written to the scheduler.
+    pub(super) published: Arc<Mutex<BTreeMap<String, Timestamp>>>,
 }
 
 /// What a pass did.
@@ -530,9 +590,19 @@ impl Remediator {
             clock,
             state: Arc::new(Mutex::new(state)),
             led_at: Arc::new(AtomicI64::new(0)),
+            checks: Arc::new(Mutex::new(super::verify::Checks::default())),
+            simulated_check: None,
+            published: Arc::new(Mutex::new(BTreeMap::new())),
         };
         r.publish(&*r.state.lock().await);
         Ok(r)
+    }
+
+    /// Answer health checks with `check` instead of the actuator (a simulated cluster,
+    /// whose simulator knows each node's hardware).
+    pub fn with_simulated_check(mut self, check: super::verify::SimulatedCheck) -> Remediator {
+        self.simulated_check = Some(check);
+        self
     }
 
     /// Read the rails' state from the store again (on taking the lead: another
@@ -706,7 +776,12 @@ impl Remediator {
 
     /// What an actuator's answer means, in words: `done` when it acted, `already` when
     /// nothing needed doing.
-    fn said(&self, r: Result<Outcome, ActuatorError>, done: &str, already: &str) -> String {
+    pub(super) fn said(
+        &self,
+        r: Result<Outcome, ActuatorError>,
+        done: &str,
+        already: &str,
+    ) -> String {
         let name = self.actuator.name();
         match r {
             Ok(Outcome::Applied) => format!("{name}: {done}"),
@@ -810,7 +885,7 @@ impl Remediator {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn record(
+    pub(super) async fn record(
         &self,
         kind: ActionKind,
         target: &str,
@@ -972,6 +1047,8 @@ impl Remediator {
         }
         drop(s);
         self.release_healthy(&mut out, now).await?;
+        self.verify_nodes(&mut out, now).await?;
+        self.publish_health().await;
         let s = self.state.lock().await;
         self.publish(&s);
         Ok(out)
@@ -1019,6 +1096,12 @@ impl Remediator {
                 (until, live, heard)
             };
             if live || !heard || now.secs_since(troubled_until) < after.as_secs_f64() {
+                continue;
+            }
+            // With verification on, a node the ledger holds out returns only through
+            // its health check.
+            if self.config.verify.enabled && self.engine.lock().ledger().state(&n.name).holds_out()
+            {
                 continue;
             }
             let done = self.release_manual(&n.name, "auto-release", now).await;

@@ -2,13 +2,15 @@
 //! program of yours with the request in its environment and reads the outcome from its
 //! exit status.
 //!
-//! Environment: `WARDEN_ACTION` (`isolate`, `release`, `restart`), `WARDEN_NODE`,
+//! Environment: `WARDEN_ACTION` (`isolate`, `release`, `restart`, `verify`), `WARDEN_NODE`,
 //! `WARDEN_EVICT` (`true`/`false`), `WARDEN_JOB`, `WARDEN_NAMESPACE`, `WARDEN_EXCLUDE`
 //! (comma-separated nodes), `WARDEN_RESUME_PATH`, `WARDEN_RESUME_STEP`,
 //! `WARDEN_RESUME_FORMAT`, `WARDEN_INCIDENT`, `WARDEN_REASON`, `WARDEN_BY`, `WARDEN_AT`
 //! (ns since the epoch). Exit status: 0 done, 3 already so, 4 another owner holds the
 //! node (first line of stdout: who), 75 try again later, anything else failed (stderr
-//! says why).
+//! says why). For `verify` (a quarantined node's health check, e.g. `dcgmi diag -r 2`
+//! over ssh): 0 the node passed, 75 try again later, anything else it failed (the first
+//! line of stderr, or else of stdout, says why); it may take the check's `timeout`.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -17,7 +19,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::io::AsyncReadExt;
 
-use super::{ActuatorError, Isolation, Outcome, Release, Restart};
+use super::{ActuatorError, CheckOutcome, Isolation, Outcome, Release, Restart};
 
 /// Most bytes of a script's stdout or stderr kept.
 const MAX_OUTPUT: usize = 4096;
@@ -126,11 +128,68 @@ impl ScriptActuator {
         self.run(&format!("restart job {}", req.job), env).await
     }
 
+    /// Run the health check of a quarantined node, for at most `limit`.
+    pub async fn verify(&self, node: &str, limit: Duration) -> Result<CheckOutcome, ActuatorError> {
+        let what = format!("health check of {node}");
+        let env = vec![
+            ("WARDEN_ACTION", "verify".to_owned()),
+            ("WARDEN_NODE", node.to_owned()),
+        ];
+        let (code, out, err) = self.exec(&what, env, limit).await?;
+        let first = |t: &str| t.lines().next().unwrap_or_default().to_owned();
+        let said = if err.is_empty() {
+            first(&out)
+        } else {
+            first(&err)
+        };
+        match code {
+            Some(0) => Ok(CheckOutcome::Passed(if said.is_empty() {
+                "the check exited 0".to_owned()
+            } else {
+                said
+            })),
+            Some(75) => Err(ActuatorError::Retry { what, why: said }),
+            Some(code) => Ok(CheckOutcome::Failed(format!("exit status {code}: {said}"))),
+            None => Ok(CheckOutcome::Failed(
+                "the check was killed by a signal".into(),
+            )),
+        }
+    }
+
     async fn run(
         &self,
         what: &str,
         env: Vec<(&'static str, String)>,
     ) -> Result<Outcome, ActuatorError> {
+        let failed = |why: String| ActuatorError::Failed {
+            what: what.to_owned(),
+            why,
+        };
+        let limit = Duration::from_secs(self.config.timeout_secs);
+        let (code, out, err) = self.exec(what, env, limit).await?;
+        match code {
+            Some(0) => Ok(Outcome::Applied),
+            Some(3) => Ok(Outcome::AlreadyDone),
+            Some(4) => Ok(Outcome::NotOurs {
+                owner: out.lines().next().unwrap_or("unknown").to_owned(),
+            }),
+            Some(75) => Err(ActuatorError::Retry {
+                what: what.to_owned(),
+                why: err,
+            }),
+            Some(code) => Err(failed(format!("exit status {code}: {err}"))),
+            None => Err(failed("killed by a signal".into())),
+        }
+    }
+
+    /// Run the program with `env` for at most `limit`: its exit code (none when a
+    /// signal ended it), and its stdout and stderr, trimmed and bounded.
+    async fn exec(
+        &self,
+        what: &str,
+        env: Vec<(&'static str, String)>,
+        limit: Duration,
+    ) -> Result<(Option<i32>, String, String), ActuatorError> {
         let failed = |why: String| ActuatorError::Failed {
             what: what.to_owned(),
             why,
@@ -163,24 +222,11 @@ impl ScriptActuator {
             let status = child.wait().await;
             (status, out, err)
         };
-        let timeout = Duration::from_secs(self.config.timeout_secs);
-        let (status, out, err) = tokio::time::timeout(timeout, read)
+        let (status, out, err) = tokio::time::timeout(limit, read)
             .await
-            .map_err(|_| failed(format!("no answer within {} s", self.config.timeout_secs)))?;
+            .map_err(|_| failed(format!("no answer within {} s", limit.as_secs())))?;
         let status = status.map_err(|e| failed(format!("waiting for it: {e}")))?;
         let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_owned();
-        match status.code() {
-            Some(0) => Ok(Outcome::Applied),
-            Some(3) => Ok(Outcome::AlreadyDone),
-            Some(4) => Ok(Outcome::NotOurs {
-                owner: text(&out).lines().next().unwrap_or("unknown").to_owned(),
-            }),
-            Some(75) => Err(ActuatorError::Retry {
-                what: what.to_owned(),
-                why: text(&err),
-            }),
-            Some(code) => Err(failed(format!("exit status {code}: {}", text(&err)))),
-            None => Err(failed("killed by a signal".into())),
-        }
+        Ok((status.code(), text(&out), text(&err)))
     }
 }

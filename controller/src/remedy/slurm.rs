@@ -12,8 +12,17 @@
 //! (`cred_expire`, 120 s by default) before it may start again, so the exclusion is in
 //! place before it can. A pending job only gets the exclusion.
 //!
+//! A quarantined node's health check runs as a Slurm job pinned to it
+//! ([`SlurmActuator::verify`]). A drained node runs no job at all, so the node is first
+//! covered by a maintenance reservation of its own (`warden-verify-<node>`, flags
+//! `MAINT,IGNORE_JOBS`) that keeps every other job off, then resumed, and the check job
+//! runs inside the reservation. A pass leaves the node in service; a failure drains it
+//! again with the ledger's state in the reason (`warden: bad: health check failed ...`).
+//! The reservation goes either way.
+//!
 //! Commands run directly (never through a shell) with a timeout; what they print is
-//! bounded before it lands in an error.
+//! bounded before it lands in an error. The check job's command is the one place a
+//! shell runs (`sbatch --wrap`), on the node, with every word quoted.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -22,7 +31,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ActuatorError, Isolation, OWNER, Outcome, Release, Restart};
+use super::{ActuatorError, CheckOutcome, Isolation, OWNER, Outcome, Release, Restart};
 
 /// Most characters of a drain reason Warden writes.
 pub const MAX_REASON_CHARS: usize = 200;
@@ -42,6 +51,9 @@ pub struct SlurmConfig {
     /// Time allowed for one command, seconds; one that takes longer is killed and the
     /// step is [`ActuatorError::Retry`].
     pub command_timeout_secs: u64,
+    /// The user a health check's reservation is for (the check job runs as the
+    /// controller's user); `None`: `$USER`, else `root`.
+    pub check_user: Option<String>,
 }
 
 impl Default for SlurmConfig {
@@ -50,6 +62,7 @@ impl Default for SlurmConfig {
             bin_dir: None,
             slurm_conf: None,
             command_timeout_secs: 30,
+            check_user: None,
         }
     }
 }
@@ -104,6 +117,25 @@ struct JobState {
     excluded: String,
     /// The nodes it runs on, a host list expression; empty while pending.
     nodes: String,
+}
+
+/// How the `why` of a check job's non-zero exit starts.
+const CHECK_EXIT: &str = "exited with status";
+
+/// The job id `sbatch --parsable` printed first (`1234` or `1234;cluster`).
+fn job_id_of(stdout: &str) -> String {
+    let id = stdout.lines().next().unwrap_or_default().trim();
+    let id = id.split(';').next().unwrap_or_default();
+    if id.bytes().all(|b| b.is_ascii_digit()) && !id.is_empty() {
+        id.to_owned()
+    } else {
+        "?".to_owned()
+    }
+}
+
+/// One word for `sh`: single-quoted, its own single quotes closed and escaped.
+fn shell_quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', "'\\''"))
 }
 
 /// The marker every reason Warden writes starts with.
@@ -262,6 +294,180 @@ impl SlurmActuator {
         Ok(Outcome::Applied)
     }
 
+    /// Run `command` as a Slurm job pinned to `node`, for at most `limit`, and say
+    /// whether it passed (module docs: the reservation, the resume, the drain on a
+    /// failure). A node drained or down for someone else's reason is not touched
+    /// ([`ActuatorError::Retry`]: checked once its owner gives it back).
+    pub async fn verify(
+        &self,
+        node: &str,
+        command: &[String],
+        limit: Duration,
+    ) -> Result<CheckOutcome, ActuatorError> {
+        check_node_name(node)?;
+        let what = format!("health check of {node}");
+        if command.is_empty() {
+            return Err(ActuatorError::Failed {
+                what,
+                why: "no check command is configured (remediation.verify.command)".into(),
+            });
+        }
+        let state = self.node(node).await?;
+        if state.isolated() && !state.ours() {
+            return Err(ActuatorError::Retry {
+                what,
+                why: format!("the node is held by {}, not by Warden", state.owner()),
+            });
+        }
+        let reservation = format!("warden-verify-{node}");
+        let subject = format!("node {node}");
+        // One left by an earlier controller (killed mid-check) goes first.
+        let _ = self.drop_reservation(&reservation).await;
+        let user = self
+            .config
+            .check_user
+            .clone()
+            .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
+            .unwrap_or_else(|| "root".to_owned());
+        self.scontrol(
+            &format!("reserve {node} for its health check"),
+            &subject,
+            &[
+                "create",
+                "reservation",
+                &format!("ReservationName={reservation}"),
+                &format!("Nodes={node}"),
+                "StartTime=now",
+                "Duration=infinite",
+                &format!("Users={user}"),
+                "Flags=MAINT,IGNORE_JOBS",
+            ],
+        )
+        .await?;
+        let outcome = self.check_job(node, &reservation, command, limit).await;
+        // A failure drains the node as bad; a check with no verdict puts a node that
+        // was drained back as it was, still quarantined: it leaves the reservation only
+        // drained, or returned by a pass.
+        let drain_as = match &outcome {
+            Ok(CheckOutcome::Failed(why)) => Some(format!("bad: health check failed: {why}")),
+            Err(e) if state.isolated() => {
+                Some(format!("quarantined: health check gave no verdict: {e}"))
+            }
+            _ => None,
+        };
+        let outcome = match drain_as {
+            Some(why) => {
+                let reason = sanitize(&format!("{}{why}", marker()));
+                let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
+                let drained = self
+                    .scontrol(
+                        &format!("drain {node} after its health check"),
+                        &subject,
+                        &[
+                            "update",
+                            &format!("NodeName={node}"),
+                            "State=DRAIN",
+                            &format!("Reason={reason}"),
+                        ],
+                    )
+                    .await;
+                match (outcome, drained) {
+                    (Ok(o), Ok(_)) => Ok(o),
+                    (Err(e), Ok(_)) => Err(e),
+                    (_, Err(e)) => {
+                        // Not drained again: the reservation stays and keeps other jobs
+                        // off until the next check takes it down.
+                        tracing::warn!(%node, error = %e, "slurm: the node stays in its health check's reservation");
+                        return Err(e);
+                    }
+                }
+            }
+            None => outcome,
+        };
+        if let Err(e) = self.drop_reservation(&reservation).await {
+            tracing::warn!(%node, error = %e, "slurm: the health check's reservation stays");
+        }
+        outcome
+    }
+
+    /// Resume the node inside its reservation and run the check job there.
+    async fn check_job(
+        &self,
+        node: &str,
+        reservation: &str,
+        command: &[String],
+        limit: Duration,
+    ) -> Result<CheckOutcome, ActuatorError> {
+        let subject = format!("node {node}");
+        if self.node(node).await?.isolated() {
+            self.scontrol(
+                &format!("resume {node} into its health check's reservation"),
+                &subject,
+                &["update", &format!("NodeName={node}"), "State=RESUME"],
+            )
+            .await?;
+        }
+        let minutes = limit.as_secs().div_ceil(60).max(1);
+        let name = format!("warden-verify-{node}");
+        let wrap = command
+            .iter()
+            .map(|w| shell_quote(w))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let out = self
+            .run_for(
+                "sbatch",
+                &format!("run the health check job on {node}"),
+                &subject,
+                &[
+                    "--wait",
+                    "--parsable",
+                    &format!("--reservation={reservation}"),
+                    &format!("--nodelist={node}"),
+                    "--nodes=1",
+                    "--ntasks=1",
+                    &format!("--time={minutes}"),
+                    &format!("--job-name={name}"),
+                    "--output=/dev/null",
+                    &format!("--wrap={wrap}"),
+                ],
+                // Queueing and Slurm's own end of the job on top of the check's time.
+                limit + Duration::from_secs(60),
+                true,
+            )
+            .await;
+        match out {
+            Ok(text) => Ok(CheckOutcome::Passed(format!(
+                "check job {} exited 0 on {node}",
+                job_id_of(&text)
+            ))),
+            Err(ActuatorError::Failed { why, .. }) if why.starts_with(CHECK_EXIT) => {
+                Ok(CheckOutcome::Failed(format!("check job on {node}: {why}")))
+            }
+            Err(e) => {
+                // Ran out of time, or never ran: the job goes.
+                let _ = self
+                    .run(
+                        "scancel",
+                        "cancel the health check job",
+                        &subject,
+                        &[&format!("--name={name}")],
+                    )
+                    .await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn drop_reservation(&self, name: &str) -> Result<String, ActuatorError> {
+        self.scontrol(
+            &format!("remove reservation {name}"),
+            &format!("reservation {name}"),
+            &["delete", &format!("ReservationName={name}")],
+        )
+        .await
+    }
+
     /// `scontrol show node NAME --oneliner`, parsed.
     async fn node(&self, name: &str) -> Result<NodeState, ActuatorError> {
         let what = format!("read node {name}");
@@ -350,6 +556,23 @@ impl SlurmActuator {
         subject: &str,
         args: &[&str],
     ) -> Result<String, ActuatorError> {
+        let limit = Duration::from_secs(self.config.command_timeout_secs.max(1));
+        self.run_for(program, what, subject, args, limit, false)
+            .await
+    }
+
+    /// [`SlurmActuator::run`] for at most `limit`. With `exit_is_verdict` (a job run
+    /// with `sbatch --wait`), a non-zero status is the job's own, answered as
+    /// [`ActuatorError::Failed`] whose `why` starts with [`CHECK_EXIT`].
+    async fn run_for(
+        &self,
+        program: &str,
+        what: &str,
+        subject: &str,
+        args: &[&str],
+        limit: Duration,
+        exit_is_verdict: bool,
+    ) -> Result<String, ActuatorError> {
         let path = match &self.config.bin_dir {
             Some(dir) => dir.join(program),
             None => PathBuf::from(program),
@@ -363,7 +586,6 @@ impl SlurmActuator {
         if let Some(conf) = &self.config.slurm_conf {
             cmd.env("SLURM_CONF", conf);
         }
-        let limit = Duration::from_secs(self.config.command_timeout_secs.max(1));
         let output = match tokio::time::timeout(limit, cmd.output()).await {
             Err(_) => {
                 return Err(ActuatorError::Retry {
@@ -389,6 +611,25 @@ impl SlurmActuator {
         } else {
             stderr.trim().to_owned()
         };
+        // sbatch --wait printed the job id: it ran, and its status is the verdict.
+        if exit_is_verdict && !stdout.trim().is_empty() {
+            return Err(ActuatorError::Failed {
+                what: what.to_owned(),
+                why: format!(
+                    "{CHECK_EXIT} {} (job {}){}",
+                    output
+                        .status
+                        .code()
+                        .map_or_else(|| "by a signal".to_owned(), |c| c.to_string()),
+                    job_id_of(&stdout),
+                    if said.is_empty() || said == stdout.trim() {
+                        String::new()
+                    } else {
+                        format!(": {}", bounded(&said))
+                    }
+                ),
+            });
+        }
         Err(classify(what, subject, &said, output.status))
     }
 }

@@ -29,8 +29,8 @@ pub struct CrashConfig {
     pub tie_secs: f64,
     /// When every exit is a hang's victim's (its rank logged a collective timeout) or
     /// torn down beside one, wait this long after the first arrived, seconds: the hang
-    /// they gave up on is named first (from the logs, 3 s after the first timeout), and
-    /// their exits become evidence on it.
+    /// they gave up on is named first (from the logs, within the log-timeout detector's
+    /// `patience_secs` of the first timeout), and their exits become evidence on it.
     pub victims_secs: f64,
 }
 
@@ -39,7 +39,7 @@ impl Default for CrashConfig {
         CrashConfig {
             grace_secs: 1.0,
             tie_secs: 0.005,
-            victims_secs: 5.0,
+            victims_secs: 15.0,
         }
     }
 }

@@ -1432,7 +1432,7 @@ fn a_log_only_hang_names_the_rank_that_logged_no_timeout_and_its_node() {
         vec![Verdict::NeedMoreData],
         "the others' lines may still come"
     );
-    let f = j.timeout_findings(24.5);
+    let f = j.timeout_findings(25.0);
     assert_eq!(f.len(), 1, "{f:#?}");
     assert_eq!(f[0].kind, IncidentKind::Hang);
     assert_eq!(f[0].ranks, vec![3]);
@@ -1450,8 +1450,9 @@ fn a_log_only_hang_names_the_rank_that_logged_no_timeout_and_its_node() {
         j.reported_exit(r, 22.0 + f64::from(r) * 0.3, Some(1), None);
     }
     assert!(j.need_more_data(IncidentKind::Crash, 26.0));
-    assert_eq!(j.findings(IncidentKind::Crash, 30.0).len(), 1);
-    assert_eq!(j.timeout_findings(30.0)[0].ranks, vec![3]);
+    assert!(j.need_more_data(IncidentKind::Crash, 36.0));
+    assert_eq!(j.findings(IncidentKind::Crash, 37.5).len(), 1);
+    assert_eq!(j.timeout_findings(37.5)[0].ranks, vec![3]);
 }
 
 #[test]
@@ -1503,7 +1504,12 @@ fn a_log_only_hang_singles_out_nobody_when_too_many_ranks_are_silent() {
     for r in [0, 2] {
         j.log(r, 21.0, GLOO_TIMEOUT);
     }
-    let f = j.timeout_findings(25.0);
+    assert_eq!(
+        j.timeout_verdicts(25.0),
+        vec![Verdict::NeedMoreData],
+        "the lines that would single out a rank may still come"
+    );
+    let f = j.timeout_findings(33.5);
     assert_eq!(f.len(), 1);
     assert!(f[0].ranks.is_empty() && f[0].nodes.is_empty(), "{f:#?}");
     assert!(
@@ -1511,6 +1517,52 @@ fn a_log_only_hang_singles_out_nobody_when_too_many_ranks_are_silent() {
         "{}",
         f[0].summary
     );
+}
+
+#[test]
+fn one_early_timeout_line_waits_for_the_others_and_they_name_the_culprit() {
+    // Under load rank 1's line arrives first; ranks 0 and 2 follow 6 s later. Deciding
+    // on rank 1's line alone would single out nobody.
+    let mut j = logging_job();
+    j.log(1, 21.0, GLOO_TIMEOUT);
+    for t in [24.5, 26.0, 30.0] {
+        assert_eq!(
+            j.timeout_verdicts(t),
+            vec![Verdict::NeedMoreData],
+            "at {t} s: the others' lines may still come"
+        );
+    }
+    j.log(0, 27.0, GLOO_TIMEOUT);
+    j.log(2, 27.2, GLOO_TIMEOUT);
+    assert_eq!(
+        j.timeout_verdicts(29.0),
+        vec![Verdict::NeedMoreData],
+        "lines are still arriving"
+    );
+    let f = j.timeout_findings(30.5);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].ranks, vec![3], "{}", f[0].summary);
+    assert_eq!(f[0].nodes, vec!["node-01".to_string()]);
+}
+
+#[test]
+fn the_crash_of_a_hangs_victims_waits_as_long_as_the_timeout_lines_may() {
+    let c = DetectConfig::default();
+    assert!(
+        c.crash.victims_secs > c.timeout.patience_secs,
+        "the victims' exits must not be named before the hang they gave up on"
+    );
+    // One line, the waiter's exit right after it, and nothing more for a long time:
+    // the hang singles out nobody at the end of the patience, and the crash is held
+    // until then.
+    let mut j = logging_job();
+    j.log(1, 21.0, GLOO_TIMEOUT);
+    j.reported_exit(1, 21.2, Some(1), None);
+    assert!(j.need_more_data(IncidentKind::Crash, 32.0));
+    assert_eq!(j.timeout_verdicts(32.0), vec![Verdict::NeedMoreData]);
+    let f = j.timeout_findings(33.5);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert!(f[0].ranks.is_empty() && f[0].nodes.is_empty(), "{f:#?}");
 }
 
 #[test]

@@ -8,8 +8,16 @@
 //! the ranks heard from. A rank whose partner timed out first and went away logs
 //! "connection closed by peer" instead: it was waiting too, and is no culprit. Where
 //! more ranks are silent but all on one node (a pipeline stage's ranks, one of which
-//! waits on the other without a timeout of its own), the node is named and no rank. Confidence is lower than a captured hang's: a rank that never
-//! logged cannot be told from a rank that does not exist.
+//! waits on the other without a timeout of its own), the node is named and no rank.
+//! Confidence is lower than a captured hang's: a rank that never logged cannot be told
+//! from a rank that does not exist.
+//!
+//! The lines come from different nodes' agents, each tailing its own logs, so on a busy
+//! machine one rank's line can arrive seconds before the others'. A picture that singles
+//! out a rank or a node is named once no new line has come for `settle_secs`; one that
+//! singles out nobody waits `patience_secs` from the first line for the rest, since a
+//! late line is what turns it into one that does. A line that arrives after the verdict
+//! still revises it: the finding is recomputed every pass.
 //!
 //! A job whose silent rank died instead is a crash, and left to the crash detector.
 
@@ -21,9 +29,12 @@ use super::{Verdict, Window};
 /// Log-timeout hang settings.
 #[derive(Debug, Clone)]
 pub struct TimeoutConfig {
-    /// Name the culprit this long after the first timeout arrived (the others' lines
-    /// come within a step of it), seconds.
+    /// Name the culprit once no timeout line has arrived for this long (the others'
+    /// lines come within a step of each other), seconds.
     pub settle_secs: f64,
+    /// Where the lines so far single out nobody, wait this long after the first for the
+    /// others' before saying so, seconds.
+    pub patience_secs: f64,
     /// The ranks left over may be at most this fraction of the ranks heard from (at
     /// least one): otherwise nobody is singled out.
     pub max_culprit_fraction: f64,
@@ -33,6 +44,7 @@ impl Default for TimeoutConfig {
     fn default() -> Self {
         TimeoutConfig {
             settle_secs: 3.0,
+            patience_secs: 12.0,
             max_culprit_fraction: 0.25,
         }
     }
@@ -53,7 +65,16 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
     let Some(first_received) = timed.iter().map(|(_, t)| t.received_at).min() else {
         return vec![];
     };
-    if now.secs_since(first_received) < cfg.settle_secs {
+    let last_received = timed
+        .iter()
+        .map(|(_, t)| t.received_at)
+        .max()
+        .unwrap_or(first_received);
+    let waited_for_lines = now.secs_since(first_received);
+    let patient = waited_for_lines >= cfg.patience_secs;
+    if waited_for_lines < cfg.settle_secs
+        || (now.secs_since(last_received) < cfg.settle_secs && !patient)
+    {
         return vec![Verdict::NeedMoreData];
     }
     let heard: Vec<u32> = job
@@ -122,6 +143,10 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
         nodes.dedup();
         nodes.len() == 1 && nodes[0] != crate::state::NO_NODE
     };
+    if !singled && !one_node && !patient {
+        // Nobody singled out yet: the lines that would may still be on their way.
+        return vec![Verdict::NeedMoreData];
+    }
     let (culprits, confidence, summary) = if singled {
         let who = match silent[..] {
             [one] => w.describe_rank(one),

@@ -89,6 +89,16 @@ impl KubeActuator {
         KubeActuator { client, config }
     }
 
+    /// Its settings.
+    pub fn config(&self) -> &KubeConfig {
+        &self.config
+    }
+
+    /// A handle on its client.
+    pub(super) fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
     /// Cordon and taint `req.node` and write Warden's ownership annotations on it, then
     /// evict its pods when `req.evict`.
     ///
@@ -417,7 +427,7 @@ impl KubeActuator {
 }
 
 /// The patch options of every change: Warden as the field manager.
-fn patch_params() -> PatchParams {
+pub(super) fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(OWNER.to_owned()),
         ..PatchParams::default()
@@ -500,7 +510,7 @@ fn message(e: &kube::Error) -> String {
 
 /// An API error as an actuator error: conflicts, throttling and an unavailable
 /// server are worth retrying; anything else failed.
-fn api_error(what: &str, e: kube::Error) -> ActuatorError {
+pub(super) fn api_error(what: &str, e: kube::Error) -> ActuatorError {
     match status_code(&e) {
         Some(409 | 429 | 503 | 504) => ActuatorError::Retry {
             what: what.to_owned(),
@@ -511,7 +521,7 @@ fn api_error(what: &str, e: kube::Error) -> ActuatorError {
     }
 }
 
-fn failed(what: String, why: impl Into<String>) -> ActuatorError {
+pub(super) fn failed(what: String, why: impl Into<String>) -> ActuatorError {
     ActuatorError::Failed {
         what,
         why: why.into(),
@@ -519,7 +529,7 @@ fn failed(what: String, why: impl Into<String>) -> ActuatorError {
 }
 
 /// `s` cut to at most `max` bytes on a character boundary.
-fn cut(s: &str, max: usize) -> String {
+pub(super) fn cut(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_owned();
     }
@@ -574,7 +584,7 @@ fn check_label(what: &str, s: &str) -> Result<(), ActuatorError> {
     }
 }
 
-fn check_subdomain(what: &str, s: &str) -> Result<(), ActuatorError> {
+pub(super) fn check_subdomain(what: &str, s: &str) -> Result<(), ActuatorError> {
     if is_dns_subdomain(s) {
         Ok(())
     } else {

@@ -22,6 +22,8 @@ use serde::Deserialize;
 mod actuator;
 #[cfg(feature = "kubernetes")]
 pub use actuator::KubeActuator;
+#[cfg(feature = "kubernetes")]
+pub mod health;
 
 /// Who holds an isolated node: [`OWNER`] when Warden does.
 pub const ANN_OWNER: &str = "warden.io/owner";
@@ -103,6 +105,15 @@ pub struct KubeConfig {
     /// For `job_kind: pods`, the label naming a pod's job. Default
     /// `batch.kubernetes.io/job-name`.
     pub pod_label: String,
+    /// The image of a quarantined node's health check Job (it runs
+    /// `remediation.verify.command`), e.g. `nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04`.
+    pub check_image: Option<String>,
+    /// The namespace check Jobs run in (the controller's). Default `warden`.
+    pub check_namespace: String,
+    /// GPUs the check's pod asks for (`nvidia.com/gpu`); 0 asks for none. Default 0.
+    pub check_gpus: u32,
+    /// How often a running check Job is read, seconds. Default 10.
+    pub check_poll_secs: u64,
 }
 
 impl Default for KubeConfig {
@@ -114,6 +125,10 @@ impl Default for KubeConfig {
             conflict_retries: 3,
             job_kind: JobKind::Auto,
             pod_label: "batch.kubernetes.io/job-name".to_owned(),
+            check_image: None,
+            check_namespace: "warden".to_owned(),
+            check_gpus: 0,
+            check_poll_secs: 10,
         }
     }
 }
