@@ -504,3 +504,76 @@ fn a_quarantined_node_returns_only_through_a_passed_check() {
     );
     c.kill();
 }
+
+/// Placement: a restart avoids every node the node-health ledger holds out, not only
+/// the incident's own and the isolated ones. Under a policy that isolates nothing,
+/// node-1's dead GPU (no job there) only quarantines it in the ledger; then the job's
+/// GPU on node-0 dies, and its restart excludes node-0 and node-1.
+#[test]
+fn a_restart_avoids_every_node_the_ledger_holds_out() {
+    use warden_model::wire::{JobSignals, RankInfo, TrainingMetric};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (script, log) =
+        support::recording_actuator(dir.path(), "", "$WARDEN_ACTION $WARDEN_JOB $WARDEN_EXCLUDE");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "version: 1\nrules:\n  - name: restart-only\n    when: {kind: [gpu_fault], xid_severity: [fatal]}\n    \
+         then: [notify, restart_job]\n",
+    )
+    .expect("write policy");
+    let config = dir.path().join("controller.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "remediation:\n  dry_run: false\n  actuator: script\n  script:\n    program: {}\n  \
+             policy_file: {}\n",
+            script.display(),
+            policy.display()
+        ),
+    )
+    .expect("write config");
+    let c = start(dir.path(), &config);
+    for i in 0..4 {
+        c.ingest_heartbeat(&format!("node-{i}"), 1);
+    }
+    c.ingest_xid("node-1", 2);
+    wait_until("node-1 quarantined", PATIENCE, || {
+        c.get("/api/v1/nodes/node-1/health")["state"] == "quarantined"
+    });
+    let now = support::ctl::now_ns();
+    let job = JobSignals {
+        job: "train".into(),
+        ranks: vec![RankInfo {
+            rank: 0,
+            world_size: 1,
+            pid: 4242,
+            gpu_index: Some(3),
+            gpu_uuid: "GPU-3".into(),
+        }],
+        metrics: vec![TrainingMetric {
+            rank: 0,
+            step: 10,
+            at_ns: now,
+            loss: Some(2.5),
+            ..TrainingMetric::default()
+        }],
+        ..JobSignals::default()
+    };
+    c.ingest_jobs("node-0", 3, vec![], vec![job]);
+    c.ingest_xid("node-0", 4);
+    let restart = c.finished_action("restart", "train");
+    assert_eq!(restart["status"], "done", "{restart}");
+    assert!(
+        lines(&log).contains(&"restart train node-0,node-1".to_owned()),
+        "{:?}",
+        lines(&log)
+    );
+    assert!(
+        restart["result"]
+            .as_str()
+            .is_some_and(|r| r.contains("without node-0, node-1")),
+        "{restart}"
+    );
+    c.kill();
+}

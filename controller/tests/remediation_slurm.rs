@@ -203,7 +203,7 @@ fn a_dead_gpu_drains_its_node_and_requeues_the_job_without_it_from_the_last_chec
     assert!(node.contains("DRAIN"), "{node}");
     assert!(
         node.contains(&format!(
-            "Reason=warden: {}",
+            "Reason=warden: {}: quarantined: gpu-fatal-xid: GPU 3 on {bad}",
             inc["id"].as_str().expect("id")
         )),
         "{node}"

@@ -651,7 +651,7 @@ impl Remediator {
         let req = Isolation {
             node: node.clone(),
             incident: a.incident.clone(),
-            reason: a.reason.clone(),
+            reason: self.with_health(&node, &a.reason),
             by: POLICY_ACTOR.to_owned(),
             at: a.intended_at,
             evict,
@@ -772,6 +772,19 @@ impl Remediator {
         };
         let r = self.actuator.isolate(&req).await;
         Ok(self.said(r, "drained", "already drained"))
+    }
+
+    /// An isolation's reason with the node-health ledger's state in front where the
+    /// ledger holds something against the node (`quarantined: gpu-fatal-xid: ...`), so
+    /// that the scheduler's own record of it (the Slurm drain reason, the node's
+    /// annotation) says where the node stands.
+    fn with_health(&self, node: &str, reason: &str) -> String {
+        let state = self.engine.lock().ledger().state(node);
+        if state == warden_engine::ledger::HealthState::Healthy {
+            reason.to_owned()
+        } else {
+            format!("{}: {reason}", state.as_str())
+        }
     }
 
     /// What an actuator's answer means, in words: `done` when it acted, `already` when
@@ -1382,7 +1395,7 @@ impl Remediator {
                     let req = Isolation {
                         node: node.clone(),
                         incident: Some(inc.id.clone()),
-                        reason: reason.clone(),
+                        reason: self.with_health(&node, &reason),
                         by: POLICY_ACTOR.to_owned(),
                         at: now,
                         evict: action != ActionName::Cordon,
