@@ -459,7 +459,7 @@ impl Actuator {
     }
 
     /// Whether it is the Kubernetes actuator (jobs and namespaces are its terms).
-    fn is_kubernetes(&self) -> bool {
+    pub(super) fn is_kubernetes(&self) -> bool {
         #[cfg(feature = "kubernetes")]
         return matches!(self, Actuator::Kubernetes(_));
         #[cfg(not(feature = "kubernetes"))]

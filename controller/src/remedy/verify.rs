@@ -315,7 +315,8 @@ impl Remediator {
     /// Write each node's latest ledger change where the scheduler shows it (module
     /// docs); one that could not be written is tried again next pass. Not in a dry run.
     pub(super) async fn publish_health(&self) {
-        if self.config.dry_run {
+        // Only Kubernetes has a place for it (Slurm's is the drain reason).
+        if self.config.dry_run || !self.actuator.is_kubernetes() {
             return;
         }
         let latest: Vec<(String, HealthState, warden_engine::ledger::Transition)> = {
@@ -339,7 +340,6 @@ impl Remediator {
                 Ok(true) => {
                     published.insert(node, t.at);
                 }
-                // Nowhere to write it.
                 Ok(false) => return,
                 Err(e) => {
                     tracing::warn!(%node, error = %e, "cannot write the node's health; tried again next pass");
