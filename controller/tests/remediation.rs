@@ -577,3 +577,58 @@ fn a_restart_avoids_every_node_the_ledger_holds_out() {
     );
     c.kill();
 }
+
+/// A quarantine the policy did not act on (here a policy that only notifies) is isolated
+/// for the ledger before its check, so that the check runs on a node out of service;
+/// the check passes and the node is given back.
+#[test]
+fn a_quarantine_the_policy_left_alone_is_isolated_before_its_check() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (script, log) =
+        support::recording_actuator(dir.path(), "", "$WARDEN_ACTION $WARDEN_NODE $WARDEN_REASON");
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "version: 1\nrules:\n  - name: tell\n    when: {kind: [gpu_fault]}\n    then: [notify]\n",
+    )
+    .expect("write policy");
+    let config = dir.path().join("controller.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "remediation:\n  dry_run: false\n  actuator: script\n  script:\n    program: {}\n  \
+             policy_file: {}\n  breaker: {{max_nodes: 10, max_percent: 100}}\n  \
+             verify: {{enabled: true, after: 1s}}\n",
+            script.display(),
+            policy.display()
+        ),
+    )
+    .expect("write config");
+    let c = start(dir.path(), &config);
+    for i in 0..4 {
+        c.ingest_heartbeat(&format!("node-{i}"), 1);
+    }
+    c.ingest_xid("node-1", 2);
+    wait_until("node-1 returned", PATIENCE * 2, || {
+        c.get("/api/v1/nodes/node-1/health")["state"] == "returned"
+    });
+    let seen: Vec<String> = lines(&log)
+        .iter()
+        .map(|l| l.split(' ').take(2).collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        seen,
+        ["isolate node-1", "verify node-1", "release node-1"],
+        "{:?}",
+        lines(&log)
+    );
+    assert!(
+        lines(&log)[0].starts_with("isolate node-1 quarantined: node-health-ledger: XID 79"),
+        "{:?}",
+        lines(&log)
+    );
+    let isolate = c.finished_action("isolate", "node-1");
+    assert_eq!(isolate["actor"], "warden-policy", "{isolate}");
+    assert_eq!(isolate["result"], "drain node-1: done", "{isolate}");
+    c.kill();
+}

@@ -36,6 +36,8 @@ const HANDLED_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
 const MATCHES_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The owner Warden writes on what it isolates.
 pub const POLICY_ACTOR: &str = "warden-policy";
+/// What an isolation the node-health ledger called for says in place of a rule name.
+pub const LEDGER_RULE: &str = "node-health-ledger";
 
 /// The circuit breaker: at most `max_nodes` nodes, and at most `max_percent` of the
 /// nodes known, isolated within `window`; one more trips it.
@@ -646,7 +648,8 @@ impl Remediator {
                 r.then
                     .iter()
                     .any(|&x| x == ActionName::Drain || x == ActionName::IsolateGroup)
-            });
+            })
+            || rule == LEDGER_RULE;
         let verb = if evict { "drain" } else { "cordon" };
         let req = Isolation {
             node: node.clone(),
@@ -772,6 +775,81 @@ impl Remediator {
         };
         let r = self.actuator.isolate(&req).await;
         Ok(self.said(r, "drained", "already drained"))
+    }
+
+    /// Isolate (drain) a node the node-health ledger quarantined that the policy did not
+    /// isolate, so that its health check runs on a node out of service: under the same
+    /// rails as the policy's isolations (counted by the breaker; nothing while it is
+    /// tripped or when one more would go over its cap, which the ledger never trips).
+    /// Whether the node is now held.
+    pub(super) async fn isolate_for_ledger(
+        &self,
+        node: &str,
+        why: &str,
+        out: &mut PassReport,
+        now: Timestamp,
+    ) -> Result<bool, RemedyError> {
+        let mut s = self.state.lock().await;
+        if s.trip_of(false).is_some() {
+            return Ok(false);
+        }
+        let cap = self.cap(self.known_nodes(now));
+        if s.isolations_of(false).len() + 1 > cap {
+            tracing::warn!(%node, cap, "the ledger's quarantine is not isolated: the breaker's cap is reached");
+            return Ok(false);
+        }
+        s.isolations_mut(false).push(Isolated {
+            node: node.to_owned(),
+            at: now.0,
+            incident: String::new(),
+        });
+        s.last_isolated.insert(node.to_owned(), now.0);
+        s.recent.push(now.0);
+        let reason = format!("{LEDGER_RULE}: {why}");
+        let record = new_action(
+            ActionKind::Isolate,
+            node,
+            None,
+            POLICY_ACTOR,
+            &reason,
+            false,
+            now,
+        );
+        self.save_and_intend(&s, &record, now).await?;
+        drop(s);
+        let req = Isolation {
+            node: node.to_owned(),
+            incident: None,
+            reason: self.with_health(node, &reason),
+            by: POLICY_ACTOR.to_owned(),
+            at: now,
+            evict: true,
+        };
+        let (held, result) = match self.actuator.isolate(&req).await {
+            Ok(Outcome::Applied) => {
+                self.store
+                    .put_node(&NodeRecord {
+                        name: node.to_owned(),
+                        state: "drained".into(),
+                        owner: POLICY_ACTOR.into(),
+                        reason: reason.clone(),
+                        incident: None,
+                        since: now,
+                        action: None,
+                    })
+                    .await?;
+                (true, format!("drain {node}: done"))
+            }
+            Ok(Outcome::AlreadyDone) => (true, format!("drain {node}: already so")),
+            Ok(Outcome::NotOurs { owner }) => {
+                (false, format!("drain {node}: left alone, held by {owner}"))
+            }
+            Err(e) => (false, format!("drain {node} failed: {e}")),
+        };
+        self.done(&record, &result, now).await?;
+        out.actions += 1;
+        tracing::info!(%node, %result, "node isolated for the node-health ledger");
+        Ok(held)
     }
 
     /// An isolation's reason with the node-health ledger's state in front where the

@@ -7,7 +7,9 @@
 //! clears its evidence, and an isolation of Warden's is given back); a failure marks it
 //! `bad`, isolated with the ledger's state in the reason, for a person to look at
 //! (`warden_node_health{state="bad"}`, the `WardenNodeFailedHealthCheck` alert). Every
-//! check is a `verify` action in the audit log.
+//! check is a `verify` action in the audit log. A quarantined node the policy did not
+//! isolate (the ledger's across-jobs rules quarantine under policy) is isolated first,
+//! under the breaker, so that its check runs on a node out of service.
 //!
 //! Each ledger change is also written where the scheduler shows it: under Kubernetes the
 //! node condition `WardenHealthy` and an Event on the node
@@ -270,16 +272,33 @@ impl Remediator {
                 }
             }
         }
-        let wanted: Vec<(String, HealthState, Timestamp)> = {
+        let wanted: Vec<(String, HealthState, Timestamp, String)> = {
             let e = self.engine.lock();
             e.ledger()
                 .nodes()
                 .filter(|n| wants_check(n.state))
-                .map(|n| (n.node.clone(), n.state, n.since))
+                .map(|n| {
+                    let why = n
+                        .history
+                        .back()
+                        .map(|t| t.reason.clone())
+                        .unwrap_or_default();
+                    (n.node.clone(), n.state, n.since, why)
+                })
                 .collect()
         };
-        checks.keep_only(|n| wanted.iter().any(|(w, _, _)| w == n));
-        for (node, state, since) in wanted {
+        checks.keep_only(|n| wanted.iter().any(|(w, ..)| w == n));
+        let held: std::collections::BTreeSet<String> = if wanted.is_empty() {
+            Default::default()
+        } else {
+            self.store
+                .nodes()
+                .await?
+                .into_iter()
+                .map(|n| n.name)
+                .collect()
+        };
+        for (node, state, since, why) in wanted {
             if checks.count() >= cfg.max_parallel {
                 break;
             }
@@ -287,6 +306,15 @@ impl Remediator {
                 || (state == HealthState::Quarantined
                     && now.secs_since(since) < cfg.after.as_secs_f64())
             {
+                continue;
+            }
+            // A quarantine the policy did not isolate is isolated first: the check runs
+            // on a node out of service.
+            if state == HealthState::Quarantined
+                && !held.contains(&node)
+                && !self.isolate_for_ledger(&node, &why, out, now).await?
+            {
+                checks.retry(&node, again);
                 continue;
             }
             let how = self.check_name();
