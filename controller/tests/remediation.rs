@@ -630,5 +630,8 @@ fn a_quarantine_the_policy_left_alone_is_isolated_before_its_check() {
     let isolate = c.finished_action("isolate", "node-1");
     assert_eq!(isolate["actor"], "warden-policy", "{isolate}");
     assert_eq!(isolate["result"], "drain node-1: done", "{isolate}");
+    // It names the incident that quarantined the node, as the policy's own do.
+    let incident = c.incidents()[0]["id"].as_str().expect("id").to_owned();
+    assert_eq!(isolate["incident"], incident.as_str(), "{isolate}");
     c.kill();
 }

@@ -786,6 +786,7 @@ impl Remediator {
         &self,
         node: &str,
         why: &str,
+        incident: Option<&str>,
         out: &mut PassReport,
         now: Timestamp,
     ) -> Result<bool, RemedyError> {
@@ -801,7 +802,7 @@ impl Remediator {
         s.isolations_mut(false).push(Isolated {
             node: node.to_owned(),
             at: now.0,
-            incident: String::new(),
+            incident: incident.unwrap_or_default().to_owned(),
         });
         s.last_isolated.insert(node.to_owned(), now.0);
         s.recent.push(now.0);
@@ -809,7 +810,7 @@ impl Remediator {
         let record = new_action(
             ActionKind::Isolate,
             node,
-            None,
+            incident,
             POLICY_ACTOR,
             &reason,
             false,
@@ -819,7 +820,7 @@ impl Remediator {
         drop(s);
         let req = Isolation {
             node: node.to_owned(),
-            incident: None,
+            incident: incident.map(str::to_owned),
             reason: self.with_health(node, &reason),
             by: POLICY_ACTOR.to_owned(),
             at: now,
@@ -833,7 +834,7 @@ impl Remediator {
                         state: "drained".into(),
                         owner: POLICY_ACTOR.into(),
                         reason: reason.clone(),
-                        incident: None,
+                        incident: incident.map(str::to_owned),
                         since: now,
                         action: None,
                     })

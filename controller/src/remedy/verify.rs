@@ -272,18 +272,18 @@ impl Remediator {
                 }
             }
         }
-        let wanted: Vec<(String, HealthState, Timestamp, String)> = {
+        // Each with the reason and the latest incident of its last change.
+        type Wanted = (String, HealthState, Timestamp, String, Option<String>);
+        let wanted: Vec<Wanted> = {
             let e = self.engine.lock();
             e.ledger()
                 .nodes()
                 .filter(|n| wants_check(n.state))
                 .map(|n| {
-                    let why = n
-                        .history
-                        .back()
-                        .map(|t| t.reason.clone())
-                        .unwrap_or_default();
-                    (n.node.clone(), n.state, n.since, why)
+                    let last = n.history.back();
+                    let why = last.map(|t| t.reason.clone()).unwrap_or_default();
+                    let incident = last.and_then(|t| t.incidents.last().cloned());
+                    (n.node.clone(), n.state, n.since, why, incident)
                 })
                 .collect()
         };
@@ -298,7 +298,7 @@ impl Remediator {
                 .map(|n| n.name)
                 .collect()
         };
-        for (node, state, since, why) in wanted {
+        for (node, state, since, why, incident) in wanted {
             if checks.count() >= cfg.max_parallel {
                 break;
             }
@@ -312,7 +312,9 @@ impl Remediator {
             // on a node out of service.
             if state == HealthState::Quarantined
                 && !held.contains(&node)
-                && !self.isolate_for_ledger(&node, &why, out, now).await?
+                && !self
+                    .isolate_for_ledger(&node, &why, incident.as_deref(), out, now)
+                    .await?
             {
                 checks.retry(&node, again);
                 continue;
