@@ -505,6 +505,31 @@ fn a_quarantined_node_returns_only_through_a_passed_check() {
     c.kill();
 }
 
+/// The controller acting through a script that logs `fields` of each request, under a
+/// policy of `rules` (YAML list items) and `more` remediation settings; nodes node-0 to
+/// node-3 heard. Returns it and the script's log.
+fn under_policy(dir: &Path, fields: &str, rules: &str, more: &str) -> (Ctl, std::path::PathBuf) {
+    let (script, log) = support::recording_actuator(dir, "", fields);
+    let policy = dir.join("policy.yaml");
+    std::fs::write(&policy, format!("version: 1\nrules:\n{rules}")).expect("write policy");
+    let config = dir.join("controller.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "remediation:\n  dry_run: false\n  actuator: script\n  script:\n    program: {}\n  \
+             policy_file: {}\n{more}",
+            script.display(),
+            policy.display()
+        ),
+    )
+    .expect("write config");
+    let c = start(dir, &config);
+    for i in 0..4 {
+        c.ingest_heartbeat(&format!("node-{i}"), 1);
+    }
+    (c, log)
+}
+
 /// Placement: a restart avoids every node the node-health ledger holds out, not only
 /// the incident's own and the isolated ones. Under a policy that isolates nothing,
 /// node-1's dead GPU (no job there) only quarantines it in the ledger; then the job's
@@ -513,30 +538,13 @@ fn a_quarantined_node_returns_only_through_a_passed_check() {
 fn a_restart_avoids_every_node_the_ledger_holds_out() {
     use warden_model::wire::{JobSignals, RankInfo, TrainingMetric};
     let dir = tempfile::tempdir().expect("temp dir");
-    let (script, log) =
-        support::recording_actuator(dir.path(), "", "$WARDEN_ACTION $WARDEN_JOB $WARDEN_EXCLUDE");
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(
-        &policy,
-        "version: 1\nrules:\n  - name: restart-only\n    when: {kind: [gpu_fault], xid_severity: [fatal]}\n    \
+    let (c, log) = under_policy(
+        dir.path(),
+        "$WARDEN_ACTION $WARDEN_JOB $WARDEN_EXCLUDE",
+        "  - name: restart-only\n    when: {kind: [gpu_fault], xid_severity: [fatal]}\n    \
          then: [notify, restart_job]\n",
-    )
-    .expect("write policy");
-    let config = dir.path().join("controller.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "remediation:\n  dry_run: false\n  actuator: script\n  script:\n    program: {}\n  \
-             policy_file: {}\n",
-            script.display(),
-            policy.display()
-        ),
-    )
-    .expect("write config");
-    let c = start(dir.path(), &config);
-    for i in 0..4 {
-        c.ingest_heartbeat(&format!("node-{i}"), 1);
-    }
+        "",
+    );
     c.ingest_xid("node-1", 2);
     wait_until("node-1 quarantined", PATIENCE, || {
         c.get("/api/v1/nodes/node-1/health")["state"] == "quarantined"
@@ -584,30 +592,12 @@ fn a_restart_avoids_every_node_the_ledger_holds_out() {
 #[test]
 fn a_quarantine_the_policy_left_alone_is_isolated_before_its_check() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let (script, log) =
-        support::recording_actuator(dir.path(), "", "$WARDEN_ACTION $WARDEN_NODE $WARDEN_REASON");
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(
-        &policy,
-        "version: 1\nrules:\n  - name: tell\n    when: {kind: [gpu_fault]}\n    then: [notify]\n",
-    )
-    .expect("write policy");
-    let config = dir.path().join("controller.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "remediation:\n  dry_run: false\n  actuator: script\n  script:\n    program: {}\n  \
-             policy_file: {}\n  breaker: {{max_nodes: 10, max_percent: 100}}\n  \
-             verify: {{enabled: true, after: 1s}}\n",
-            script.display(),
-            policy.display()
-        ),
-    )
-    .expect("write config");
-    let c = start(dir.path(), &config);
-    for i in 0..4 {
-        c.ingest_heartbeat(&format!("node-{i}"), 1);
-    }
+    let (c, log) = under_policy(
+        dir.path(),
+        "$WARDEN_ACTION $WARDEN_NODE $WARDEN_REASON",
+        "  - name: tell\n    when: {kind: [gpu_fault]}\n    then: [notify]\n",
+        "  breaker: {max_nodes: 10, max_percent: 100}\n  verify: {enabled: true, after: 1s}\n",
+    );
     c.ingest_xid("node-1", 2);
     wait_until("node-1 returned", PATIENCE * 2, || {
         c.get("/api/v1/nodes/node-1/health")["state"] == "returned"
