@@ -29,9 +29,13 @@ pub struct CrashConfig {
     pub tie_secs: f64,
     /// When every exit is a hang's victim's (its rank logged a collective timeout) or
     /// torn down beside one, wait this long after the first arrived, seconds: the hang
-    /// they gave up on is named first (from the logs, within the log-timeout detector's
-    /// `patience_secs` of the first timeout), and their exits become evidence on it.
+    /// they gave up on is named first (from its collectives, long before), and their
+    /// exits become evidence on it. Shorter than the incident book's quiet time for a
+    /// hang, which resolves once the waiters are gone.
     pub victims_secs: f64,
+    /// The same for a job whose collectives nothing captures: its hang comes from the
+    /// logs, within the log-timeout detector's `patience_secs` of the first timeout.
+    pub log_victims_secs: f64,
 }
 
 impl Default for CrashConfig {
@@ -39,7 +43,8 @@ impl Default for CrashConfig {
         CrashConfig {
             grace_secs: 1.0,
             tie_secs: 0.005,
-            victims_secs: 15.0,
+            victims_secs: 5.0,
+            log_victims_secs: 15.0,
         }
     }
 }
@@ -65,7 +70,12 @@ pub fn check(cfg: &CrashConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     let victim = |r: u32| job.ranks[r].timed_out.is_some();
     if exits.iter().any(|(r, _)| victim(*r))
         && exits.iter().all(|(r, e)| victim(*r) || e.torn_down())
-        && now.secs_since(first_received) < cfg.victims_secs
+        && now.secs_since(first_received)
+            < if job.comms.is_empty() {
+                cfg.log_victims_secs
+            } else {
+                cfg.victims_secs
+            }
     {
         // Ranks gave up waiting, and the rest went down with them: a hang, to be
         // named before their exits are.

@@ -1549,8 +1549,12 @@ fn one_early_timeout_line_waits_for_the_others_and_they_name_the_culprit() {
 fn the_crash_of_a_hangs_victims_waits_as_long_as_the_timeout_lines_may() {
     let c = DetectConfig::default();
     assert!(
-        c.crash.victims_secs > c.timeout.patience_secs,
+        c.crash.log_victims_secs > c.timeout.patience_secs,
         "the victims' exits must not be named before the hang they gave up on"
+    );
+    assert!(
+        c.crash.victims_secs < crate::incidents::BookConfig::default().hang_quiet_secs,
+        "a captured hang's victims must be named before the hang resolves without them"
     );
     // One line, the waiter's exit right after it, and nothing more for a long time:
     // the hang singles out nobody at the end of the patience, and the crash is held
