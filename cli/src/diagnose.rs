@@ -69,8 +69,18 @@ fn run(args: &DiagnoseArgs) -> Result<ExitCode, Refusal> {
     // A bad model configuration is refused before any input is read.
     let llm = llm_client(args)?;
 
-    if let Some(corpus) = &args.eval {
-        let cases = read_corpus(corpus)?;
+    if !args.eval.is_empty() {
+        let mut cases = Vec::new();
+        for corpus in &args.eval {
+            cases.extend(read_corpora(corpus)?);
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(dup) = cases.iter().find(|c| !seen.insert(c.id.as_str())) {
+            return Err(Refusal::new(
+                EXIT_DATA,
+                format!("case id {:?} appears twice in the corpus", dup.id),
+            ));
+        }
         match &llm {
             None => {
                 let evaluation = run_eval(&rules, &cases)?;
@@ -214,7 +224,7 @@ fn diagnose_inputs(rules: &RuleSet, files: &[PathBuf]) -> Result<RulesOutcome, R
                 Box::new(BufReader::with_capacity(READ_BUFFER_BYTES, file))
             }
         };
-        let mut lines = LineReader::starting_at(reader, pipeline.lines());
+        let mut lines = LineReader::starting_at(reader, pipeline.lines() + 1);
         for_each_line(&mut lines, |line| pipeline.push(line)).map_err(|e| match e {
             InputError::Binary { .. } => Refusal::new(EXIT_DATA, format!("{name}: {e}")),
             InputError::Io(_) => Refusal::new(EXIT_NO_INPUT, format!("{name}: {e}")),
@@ -314,6 +324,33 @@ fn print_diagnosis(
     writeln!(out, "Explanation: {}", d.explanation)?;
     writeln!(out, "({} line(s) read, {} bytes)", stats.lines, stats.bytes)?;
     Ok(())
+}
+
+/// The cases of a corpus file, or of every `*.jsonl` file of a directory (in name order).
+fn read_corpora(path: &Path) -> Result<Vec<Case>, Refusal> {
+    if !path.is_dir() {
+        return read_corpus(path);
+    }
+    let name = path.display();
+    let entries = std::fs::read_dir(path)
+        .map_err(|e| Refusal::new(EXIT_NO_INPUT, format!("cannot read {name}: {e}")))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Refusal::new(
+            EXIT_DATA,
+            format!("{name} holds no *.jsonl corpus file"),
+        ));
+    }
+    let mut cases = Vec::new();
+    for file in files {
+        cases.extend(read_corpus(&file)?);
+    }
+    Ok(cases)
 }
 
 fn read_corpus(corpus: &Path) -> Result<Vec<Case>, Refusal> {

@@ -141,9 +141,10 @@ pub struct DiagnoseArgs {
     #[arg(long, value_name = "DIR")]
     pub rules: Option<PathBuf>,
     /// Score the rules on a labelled corpus (JSON lines) instead of diagnosing logs;
-    /// with --llm-url, the rules and the model side by side.
+    /// with --llm-url, the rules and the model side by side. Repeat it to score several
+    /// files as one corpus; a directory stands for its `*.jsonl` files.
     #[arg(long, value_name = "CORPUS.jsonl", conflicts_with = "files")]
-    pub eval: Option<PathBuf>,
+    pub eval: Vec<PathBuf>,
     /// Refine the rules' answer with a model behind this OpenAI-compatible API (base
     /// URL up to the version, e.g. http://127.0.0.1:8000/v1). Needs --llm-model.
     #[arg(long, value_name = "URL", env = "WARDEN_LLM_URL")]

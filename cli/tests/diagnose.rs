@@ -100,7 +100,7 @@ fn a_log_file_is_diagnosed_in_text_and_json() {
     assert_eq!(json["culprit"]["nodes"][0], "gpu-node-15");
     assert_eq!(json["culprit"]["gpus"][0], "0000:41:00.0");
     assert_eq!(json["rule_ids"][0], "ecc.xid_uncorrectable");
-    assert_eq!(json["evidence"][0]["id"], 1);
+    assert_eq!(json["evidence"][0]["id"], 2, "line numbers count from 1");
     assert!(
         json["confidence"].as_f64().is_some_and(|c| c > 0.5),
         "{json}"
@@ -152,7 +152,7 @@ fn a_ten_megabyte_line_is_cut_and_the_rest_still_diagnosed() {
     );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON answer");
     assert_eq!(json["category"], "gpu_oom");
-    assert_eq!(json["evidence"][0]["id"], 1);
+    assert_eq!(json["evidence"][0]["id"], 2, "line numbers count from 1");
 }
 
 #[test]
@@ -266,6 +266,45 @@ fn eval_reports_accuracy_and_a_confusion_matrix() {
         "{json}"
     );
     assert!(json["confusion"].as_array().is_some_and(|c| !c.is_empty()));
+}
+
+#[test]
+fn eval_reads_a_directory_and_repeated_files_as_one_corpus() {
+    let dev = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../diagnosis/tests/data/failure-logs-dev.jsonl"
+    );
+    let extra = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../diagnosis/tests/data/extra-cases.jsonl"
+    );
+    let out = warden(&["diagnose", "--eval", dev, "--eval", extra, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(json["evaluation"]["cases"], 37 + 22);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(dev, dir.path().join("a.jsonl")).expect("copy");
+    std::fs::copy(extra, dir.path().join("b.jsonl")).expect("copy");
+    std::fs::write(dir.path().join("notes.txt"), "not a corpus").expect("write");
+    let path = dir.path().to_str().expect("utf8");
+    let out = warden(&["diagnose", "--eval", path, "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(
+        json["evaluation"]["cases"],
+        37 + 22,
+        "only *.jsonl files count"
+    );
+
+    // The same file twice repeats every id: refused, nothing scored.
+    let out = warden(&["diagnose", "--eval", dev, "--eval", dev]);
+    assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("appears twice"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -430,7 +469,7 @@ fn a_model_refines_the_answer_and_sees_only_redacted_evidence() {
             .expect("user message"),
     )
     .expect("user JSON");
-    assert_eq!(user["evidence"][0]["id"], 1, "{user}");
+    assert_eq!(user["evidence"][0]["id"], 2, "{user}");
     assert!(
         user["evidence"][0]["text"]
             .as_str()

@@ -505,7 +505,7 @@ impl Diagnoser {
         timed.sort_by_key(|l| l.at_ms);
         held.append(&mut timed);
         for (i, l) in held.iter_mut().enumerate() {
-            l.id = i as u64;
+            l.id = i as u64 + 1;
         }
         g.lines = held;
         g
@@ -533,7 +533,7 @@ pub fn diagnose_held(rules: &RuleSet, req: &DiagnosisRequest) -> IncidentDiagnos
         .iter()
         .enumerate()
         .map(|(i, h)| LogLine {
-            id: i as u64,
+            id: i as u64 + 1,
             node: h.node.clone(),
             rank: h.rank,
             at_ms: None,
@@ -570,7 +570,11 @@ pub fn to_incident_diagnosis(
     let evidence = kept
         .iter()
         .map(|e| {
-            let line = usize::try_from(e.id).ok().and_then(|i| lines.get(i));
+            // Line ids are line numbers, from 1.
+            let line =
+                e.id.checked_sub(1)
+                    .and_then(|i| usize::try_from(i).ok())
+                    .and_then(|i| lines.get(i));
             let text = clean.next().unwrap_or_default();
             DiagnosisEvidence {
                 id: e.id,

@@ -11,7 +11,7 @@ use crate::rules::{Field, Hit, Role, RuleSet, Scratch};
 /// Hits kept per rule at the start and at the end of the input (the count is exact).
 const KEEP_PER_RULE: usize = 32;
 /// How far (in lines) a context line may be from a winning hit to fill the culprit.
-const CONTEXT_LINES: u64 = 8;
+const CONTEXT_LINES: u64 = 16;
 /// Longest line text kept for evidence, in bytes.
 const EVIDENCE_TEXT_BYTES: usize = 400;
 /// Most values of one kind named in a culprit.
@@ -29,6 +29,11 @@ pub struct LineHit {
     /// The rule's captures, then what the line's origin says (rank, host, pid, GPU)
     /// for fields the rule did not capture.
     pub fields: Vec<(Field, String)>,
+    /// How many of `fields` are the rule's own captures (the rest are the origin's).
+    pub captured: usize,
+    /// Where the fields a Ray log prefix gave (`(Actor pid=N, ip=A)`) start: they name
+    /// the process that printed the line, which a nearby Ray task header can overrule.
+    pub ray_from: usize,
     /// The line, shortened.
     pub text: String,
 }
@@ -36,6 +41,24 @@ pub struct LineHit {
 impl LineHit {
     fn get(&self, field: Field) -> impl Iterator<Item = &str> {
         self.fields
+            .iter()
+            .filter(move |(f, _)| *f == field)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The values of `field` this hit puts on the culprit: a symptom line (a survivor
+    /// reporting a lost peer, a timeout) blames only what it names, never the process
+    /// that printed it; a cause line also blames where it came from.
+    fn blamed(&self, field: Field, role: Role, skip_ray: bool) -> impl Iterator<Item = &str> {
+        let end = if role == Role::Symptom {
+            self.captured
+        } else if skip_ray {
+            self.ray_from
+        } else {
+            self.fields.len()
+        };
+        let fields = &self.fields[..end.min(self.fields.len())];
+        fields
             .iter()
             .filter(move |(f, _)| *f == field)
             .map(|(_, v)| v.as_str())
@@ -136,12 +159,20 @@ impl<'r> Classifier<'r> {
             })
             .map(|h| h.rule);
         let origin = origin(line);
+        let ray = ray_origin(&line.text);
         for hit in self.buf.drain(..) {
             if Some(hit.rule) != voter && rules[hit.rule].role != Role::Context {
                 continue;
             }
             let mut fields = hit.captures;
+            let captured = fields.len();
             for (field, value) in &origin {
+                if !fields.iter().any(|(f, _)| f == field) {
+                    fields.push((*field, value.clone()));
+                }
+            }
+            let ray_from = fields.len();
+            for (field, value) in &ray {
                 if !fields.iter().any(|(f, _)| f == field) {
                     fields.push((*field, value.clone()));
                 }
@@ -150,6 +181,8 @@ impl<'r> Classifier<'r> {
                 line: line.id,
                 rule: hit.rule,
                 fields,
+                captured,
+                ray_from,
                 text: shorten(&line.text, EVIDENCE_TEXT_BYTES),
             });
         }
@@ -163,6 +196,14 @@ impl<'r> Classifier<'r> {
     /// Categories that got votes, best first.
     pub fn scores(&self) -> Vec<CategoryScore> {
         let rules = self.rules.rules();
+        // The first line each category got, for rules that follow another's fault.
+        let mut first_of: BTreeMap<Category, u64> = BTreeMap::new();
+        for (index, kept) in self.kept.iter().enumerate() {
+            if let (Some(category), Some(hit)) = (rules[index].category, kept.first.first()) {
+                let e = first_of.entry(category).or_insert(hit.line);
+                *e = (*e).min(hit.line);
+            }
+        }
         let mut by_category: BTreeMap<Category, CategoryScore> = BTreeMap::new();
         for (index, kept) in self.kept.iter().enumerate() {
             let Some(category) = rules[index].category else {
@@ -172,8 +213,12 @@ impl<'r> Classifier<'r> {
                 continue;
             }
             let repeat = (1.0 + 0.2 * (kept.count as f64).ln()).min(1.5);
-            let contribution = rules[index].weight * repeat;
             let first = kept.first.first().map_or(u64::MAX, |h| h.line);
+            let consequence = rules[index]
+                .follows
+                .iter()
+                .any(|c| first_of.get(c).is_some_and(|line| *line < first));
+            let contribution = rules[index].weight * repeat * if consequence { 0.25 } else { 1.0 };
             let entry = by_category.entry(category).or_insert(CategoryScore {
                 category,
                 score: 0.0,
@@ -315,8 +360,28 @@ impl<'r> Classifier<'r> {
             evidence,
             explanation,
             source: "rules".to_owned(),
-            recommended_action: lead_rule.action.clone(),
+            recommended_action: self.xid_advice(lead).or_else(|| lead_rule.action.clone()),
         }
+    }
+
+    /// The XID catalog's advice for the first XID the rule `lead` captured, when it
+    /// captured one the catalog lists: the catalog, not the rule, says whether the GPU,
+    /// the driver or the program is at fault. Only an XID the hardware raises drains
+    /// the node.
+    fn xid_advice(&self, lead: usize) -> Option<String> {
+        let code: u32 = self.kept[lead]
+            .hits()
+            .find_map(|h| h.get(Field::Xid).next().and_then(|v| v.parse().ok()))?;
+        let catalog = warden_model::xid::XidCatalog::builtin();
+        let advice = catalog.advice(code)?;
+        let application = catalog
+            .get(code)
+            .is_some_and(|i| i.cause == warden_model::xid::Cause::Application);
+        Some(if application {
+            advice
+        } else {
+            format!("drain the node; {advice}")
+        })
     }
 
     /// The culprit: per field, the values of the strongest winning hits that name it;
@@ -328,35 +393,60 @@ impl<'r> Classifier<'r> {
             .copied()
             .filter(|h| rules[h.rule].blame)
             .collect();
+        let context: Vec<&LineHit> = self
+            .hits()
+            .filter(|h| rules[h.rule].role == Role::Context && rules[h.rule].blame)
+            .collect();
+        // A Ray task header (`ray::F() (pid=N, ip=A)`) near a line names the process
+        // whose error it is; the line's own Ray prefix then only names who printed it.
+        let task_lines: Vec<u64> = context
+            .iter()
+            .filter(|c| c.get(Field::Pid).next().is_some())
+            .map(|c| c.line)
+            .collect();
+        let skip_ray = |h: &LineHit| {
+            task_lines
+                .iter()
+                .any(|l| l.abs_diff(h.line) <= CONTEXT_LINES)
+        };
+        let blames = |h: &LineHit, field: Field| {
+            h.blamed(field, rules[h.rule].role, skip_ray(h))
+                .next()
+                .is_some()
+        };
         let mut values: BTreeMap<Field, Vec<String>> = BTreeMap::new();
         let mut lines: Vec<u64> = Vec::new();
         for field in CULPRIT_FIELDS {
             let Some(best) = blaming
                 .iter()
-                .filter(|h| h.get(field).next().is_some())
+                .filter(|h| blames(h, field))
                 .map(|h| rules[h.rule].weight)
                 .max_by(f64::total_cmp)
             else {
                 continue;
             };
-            let mut sorted: Vec<&&LineHit> = blaming
+            // The first line that names the field: the first report is the fault, the
+            // lines after it (other GPUs, other nodes, the same error again) its echo.
+            let first = blaming
                 .iter()
-                .filter(|h| rules[h.rule].weight == best)
-                .collect();
-            sorted.sort_by_key(|h| h.line);
-            for hit in sorted {
-                for v in hit.get(field) {
+                .filter(|h| rules[h.rule].weight == best && blames(h, field))
+                .min_by_key(|h| h.line);
+            if let Some(hit) = first {
+                for v in hit.blamed(field, rules[hit.rule].role, skip_ray(hit)) {
                     push_value(values.entry(field).or_default(), normalize(field, v));
-                    if !lines.contains(&hit.line) {
-                        lines.push(hit.line);
-                    }
+                }
+                if !lines.contains(&hit.line) {
+                    lines.push(hit.line);
                 }
             }
         }
-        let context: Vec<&LineHit> = self
-            .hits()
-            .filter(|h| rules[h.rule].role == Role::Context)
-            .collect();
+        // Context is read near the lines the culprit came from (the first report), or
+        // near every blaming line when none named anything.
+        let anchors: Vec<u64> = if lines.is_empty() {
+            blaming.iter().map(|h| h.line).collect()
+        } else {
+            lines.clone()
+        };
         for field in CULPRIT_FIELDS {
             if values.contains_key(&field) {
                 continue;
@@ -365,9 +455,9 @@ impl<'r> Classifier<'r> {
                 .iter()
                 .filter(|c| c.get(field).next().is_some())
                 .filter_map(|c| {
-                    blaming
+                    anchors
                         .iter()
-                        .map(|h| h.line.abs_diff(c.line))
+                        .map(|l| l.abs_diff(c.line))
                         .min()
                         .filter(|d| *d <= CONTEXT_LINES)
                         .map(|d| (d, c.line, *c))
@@ -383,7 +473,37 @@ impl<'r> Classifier<'r> {
             }
         }
         lines.sort_unstable();
-        (build_culprit(&values), lines)
+        let mut culprit = build_culprit(&values);
+        self.add_peer_addresses(&mut culprit);
+        (culprit, lines)
+    }
+
+    /// A peer named by host name is also named by the address NCCL says that host
+    /// bootstraps on (`node3:...: NCCL INFO Bootstrap : Using eth0:10.0.0.3<0>`).
+    fn add_peer_addresses(&self, culprit: &mut Culprit) {
+        let rules = self.rules.rules();
+        let Some(book) = rules.iter().position(|r| r.id == BOOTSTRAP_ADDRESS_RULE) else {
+            return;
+        };
+        let mut added = Vec::new();
+        for peer in &culprit.peers {
+            let address = self.kept[book].hits().find_map(|h| {
+                let host = h.get(Field::Host).next()?;
+                (host == peer || host.split('.').next() == Some(peer.as_str()))
+                    .then(|| h.get(Field::Peer).next())
+                    .flatten()
+            });
+            if let Some(address) = address
+                && !culprit.peers.iter().any(|p| p == address)
+                && !added.iter().any(|a: &String| a == address)
+            {
+                added.push(address.to_owned());
+            }
+        }
+        if !added.is_empty() {
+            culprit.peers.extend(added);
+            culprit.text = culprit_text(culprit);
+        }
     }
 }
 
@@ -395,6 +515,9 @@ pub fn classify(rules: &RuleSet, lines: &[LogLine]) -> Diagnosis {
     }
     c.diagnosis()
 }
+
+/// The context rule whose hits map host names to the addresses they bootstrap on.
+const BOOTSTRAP_ADDRESS_RULE: &str = "network.bootstrap_address";
 
 const CULPRIT_FIELDS: [Field; 11] = [
     Field::Rank,
@@ -411,6 +534,10 @@ const CULPRIT_FIELDS: [Field; 11] = [
 ];
 
 fn push_value(list: &mut Vec<String>, value: String) {
+    // An unspecified address (Ray's `ip=0.0.0.0`) names no place.
+    if value == "0.0.0.0" || value == "::" {
+        return;
+    }
     if list.len() < MAX_VALUES && !list.contains(&value) {
         list.push(value);
     }
@@ -420,6 +547,11 @@ fn normalize(field: Field, value: &str) -> String {
     match field {
         Field::Pci => normalize_pci(value).unwrap_or_else(|| value.to_owned()),
         Field::Uuid => value.to_ascii_lowercase().replacen("gpu-", "GPU-", 1),
+        // An IPv6 link-local peer's zone (`fe80::1%ib0`) names our interface, not the peer.
+        Field::Peer => value
+            .split_once('%')
+            .map_or(value, |(addr, _)| addr)
+            .to_owned(),
         _ => value.to_owned(),
     }
 }
@@ -528,7 +660,9 @@ fn shorten(text: &str, max: usize) -> String {
 
 /// What a line's own form says about where it came from: the source's node and rank,
 /// a `[rankN]:` prefix (torchrun `--tee`/log prefixes), an NCCL `host:pid:tid [gpu]`
-/// prefix, a syslog `Mon DD HH:MM:SS host kernel:` prefix.
+/// prefix (also behind a `[date time]` stamp), an Open MPI, Horovod or UCX
+/// `[host:pid]` / `[host:pid:thread:tid]` prefix, a Ray `(Actor pid=N, ip=A)` prefix, a
+/// syslog `Mon DD HH:MM:SS host kernel:` prefix.
 fn origin(line: &LogLine) -> Vec<(Field, String)> {
     let mut out = Vec::new();
     if let Some(node) = &line.node {
@@ -537,17 +671,43 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
     if let Some(rank) = line.rank {
         out.push((Field::Rank, rank.to_string()));
     }
-    let text = line.text.trim_start();
+    let mut text = line.text.trim_start();
+    // torchrun's `--tee` tags: `[rankN]:` names the global rank, `[default0]:` (the
+    // role and the local rank) the local rank; they stack (`[default0]:[rank28]:`).
+    while let Some((tag, rest)) = text
+        .strip_prefix('[')
+        .and_then(|r| r.split_once("]:"))
+        .filter(|(tag, _)| tag.len() <= 32 && !tag.contains([' ', ':']))
+    {
+        let digits = tag.len() - tag.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (name, number) = tag.split_at(tag.len() - digits);
+        if digits == 0 || name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphabetic()) {
+            break;
+        }
+        if name == "rank" {
+            out.push((Field::Rank, number.to_owned()));
+        } else {
+            out.push((Field::LocalRank, number.to_owned()));
+        }
+        text = rest.trim_start();
+    }
     if let Some(rest) = text.strip_prefix("[rank") {
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
         if !digits.is_empty() && rest[digits.len()..].starts_with(']') {
             out.push((Field::Rank, digits));
         }
     }
-    let mut tokens = text.split_whitespace();
+    // ProcessGroupNCCL's and DeepSpeed's own tag: `[Rank 3]`, `[PG 0 (default_pg) Rank
+    // 3]`, `[PG ID 0 PG GUID 0(default_pg) Rank 3]` (the rank in that process group).
+    if !out.iter().any(|(f, _)| *f == Field::Rank)
+        && let Some(rank) = rank_tag(text)
+    {
+        out.push((Field::Rank, rank.to_owned()));
+    }
+    let unstamped = strip_stamp(text);
+    let mut tokens = unstamped.split_whitespace();
     if let (Some(first), Some(second)) = (tokens.next(), tokens.next()) {
         let parts: Vec<&str> = first.split(':').collect();
-        let numeric = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
         if let [host, pid, tid] = parts.as_slice() {
             let gpu = second
                 .strip_prefix('[')
@@ -562,6 +722,25 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
                 out.push((Field::Pid, (*pid).to_owned()));
                 out.push((Field::Gpu, gpu.to_owned()));
             }
+        }
+    }
+    // Open MPI's, Horovod's and UCX's `[host:pid]` prefix (`[gpu-node-3:48211] ***
+    // Process received signal ***`, `[gpu-node-3:48211:0:48290] Caught signal 11`).
+    if let Some((host, rest)) = text
+        .strip_prefix('[')
+        .and_then(|r| r.split_once(']'))
+        .and_then(|(inside, _)| inside.split_once(':'))
+    {
+        let pid: &str = &rest[..rest.bytes().take_while(u8::is_ascii_digit).count()];
+        let after = &rest[pid.len()..];
+        if is_hostname(host)
+            && host.chars().any(|c| c.is_ascii_alphabetic())
+            && !host.starts_with("rank")
+            && !pid.is_empty()
+            && (after.is_empty() || after.starts_with([' ', ':']))
+        {
+            out.push((Field::Host, host.to_owned()));
+            out.push((Field::Pid, pid.to_owned()));
         }
     }
     let tokens: Vec<&str> = text.split_whitespace().take(6).collect();
@@ -582,6 +761,78 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
         out.push((Field::Host, host.to_owned()));
     }
     out
+}
+
+/// What a Ray log prefix says about where a line came from: the printer's pid and
+/// node. A `ray.exceptions` or "Unhandled error" line there reports another process's
+/// failure (the actor that died, the task the raylet killed): the printer is only a
+/// witness, and nothing is returned.
+fn ray_origin(text: &str) -> Vec<(Field, String)> {
+    match ray_prefix(text.trim_start()) {
+        Some((fields, rest))
+            if !rest.contains("ray.exceptions.") && !rest.contains("Unhandled error") =>
+        {
+            fields
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The rank of a `[Rank N]` or `[PG ... Rank N]` tag in `text`.
+fn rank_tag(text: &str) -> Option<&str> {
+    let at = text
+        .find(" Rank ")
+        .map(|i| i + 1)
+        .or_else(|| text.find("[Rank ").map(|i| i + 1))?;
+    let open = text[..at].rfind('[')?;
+    let inside = &text[open + 1..at];
+    if !(inside.is_empty() || inside.starts_with("PG ")) || inside.contains(']') {
+        return None;
+    }
+    let rest = &text[at + "Rank ".len()..];
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    (digits > 0 && rest[digits..].starts_with(']')).then(|| &rest[..digits])
+}
+
+fn numeric(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit())
+}
+
+/// The text after a leading `[date time]` stamp (`[2025-05-21 14:02:18] host:pid:tid
+/// [0] NCCL WARN ...`), or the text itself.
+fn strip_stamp(text: &str) -> &str {
+    text.strip_prefix('[')
+        .and_then(|r| r.split_once(']'))
+        .filter(|(inside, _)| {
+            inside.len() <= 40
+                && inside.contains(':')
+                && inside.bytes().next().is_some_and(|b| b.is_ascii_digit())
+                && inside
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || b" -:.,T/".contains(&b))
+        })
+        .map_or(text, |(_, rest)| rest.trim_start())
+}
+
+/// A Ray log prefix, `(WorkerDict pid=30517)` or `(TaskRunner pid=88, ip=10.0.0.7)`:
+/// the pid and the node's address, and the text after it.
+fn ray_prefix(text: &str) -> Option<(Vec<(Field, String)>, &str)> {
+    let (inside, rest) = text.strip_prefix('(')?.split_once(')')?;
+    if inside.len() > 120 {
+        return None;
+    }
+    let mut fields = Vec::new();
+    for part in inside.split([' ', ',']) {
+        if let Some(pid) = part.strip_prefix("pid=").filter(|p| numeric(p)) {
+            fields.push((Field::Pid, pid.to_owned()));
+        } else if let Some(ip) = part.strip_prefix("ip=").filter(|h| is_hostname(h)) {
+            fields.push((Field::Host, ip.to_owned()));
+        }
+    }
+    fields
+        .iter()
+        .any(|(f, _)| *f == Field::Pid)
+        .then_some((fields, rest))
 }
 
 fn is_hostname(s: &str) -> bool {
@@ -751,5 +1002,75 @@ mod tests {
         );
         assert_eq!(normalize_pci("3b:00.1").as_deref(), Some("0000:3b:00.1"));
         assert_eq!(normalize_pci("gpu-node-1"), None);
+    }
+
+    #[test]
+    fn a_survivors_report_of_a_lost_peer_blames_the_peer_not_the_survivor() {
+        let rules = RuleSet::builtin().expect("shipped rules load");
+        let line = LogLine {
+            id: 1,
+            node: Some("node-a".to_owned()),
+            rank: Some(0),
+            at_ms: None,
+            text: "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [10.20.3.41]:31877: Connection reset by peer".to_owned(),
+        };
+        let d = classify(&rules, &[line]);
+        assert_eq!(d.culprit.peers, vec!["10.20.3.41".to_owned()], "{d:#?}");
+        assert!(
+            d.culprit.ranks.is_empty(),
+            "the survivor is not blamed: {d:#?}"
+        );
+        assert!(d.culprit.nodes.is_empty(), "{d:#?}");
+    }
+
+    #[test]
+    fn the_first_report_names_the_culprit_not_its_echoes() {
+        let d = check(
+            "dgx-07:2841166:2842207 [4] ibvwrap.c:130 NCCL WARN Call to ibv_create_qp failed\n\
+             dgx-07:2841166:2842208 [5] ibvwrap.c:130 NCCL WARN Call to ibv_create_qp failed\n\
+             dgx-07:2841166:2842209 [6] ibvwrap.c:130 NCCL WARN Call to ibv_create_qp failed",
+            Category::NetworkIbError,
+            "host dgx-07, GPU 4, pid 2841166",
+        );
+        assert_eq!(d.fault_locus, Some(crate::FaultLocus::Network));
+    }
+
+    #[test]
+    fn a_watchdog_abort_after_a_timeout_is_the_hang_not_a_crash() {
+        check(
+            "[rank1]:[E311 09:27:40.58 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7342, OpType=_ALLGATHER_BASE, Timeout(ms)=1800000) ran for 1800083 milliseconds before timing out.\n\
+             [rank1]:[E311 09:27:40.58 ProcessGroupNCCL.cpp:636] [Rank 1] To avoid data inconsistency, we are taking the entire process down.\n\
+             terminate called after throwing an instance of 'c10::DistBackendError'\n\
+             Fatal Python error: Aborted",
+            Category::NcclTimeoutHang,
+            "not named in the logs",
+        );
+        // Without the timeout first, the same abort is a crash.
+        check(
+            "terminate called after throwing an instance of 'c10::Error'\n\
+             Fatal Python error: Aborted",
+            Category::SegfaultNativeCrash,
+            "not named in the logs",
+        );
+    }
+
+    #[test]
+    fn a_ray_task_header_overrules_the_printers_prefix() {
+        // The driver (main_task) prints the remote actor's traceback under its own
+        // prefix; the task header names the actor whose error it is.
+        check(
+            "(main_task pid=2207361) Unhandled error (suppress with 'RAY_IGNORE_UNHANDLED_ERRORS=1'): ray::WorkerDict.generate() (pid=2209518, ip=10.31.72.14, actor_id=7c41)\n\
+             (main_task pid=2207361)   File \"/opt/verl/workers/fsdp_workers.py\", line 463, in generate_sequences\n\
+             (main_task pid=2207361) torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.86 GiB. GPU 0 has a total capacity of 23.69 GiB of which 1.04 GiB is free.",
+            Category::GpuOom,
+            "host 10.31.72.14, GPU 0, pid 2209518",
+        );
+        // An actor that prints its own crash is named by its prefix.
+        check(
+            "(WorkerDict pid=30517) *** SIGFPE received at time=1760342211 on cpu 27 ***\n\
+             (WorkerDict pid=30517) Fatal Python error: Floating point exception",
+            Category::SegfaultNativeCrash,
+            "pid 30517",
+        );
     }
 }

@@ -39,6 +39,9 @@ pub struct Case {
     /// Where the case came from.
     #[serde(default)]
     pub source: Option<String>,
+    /// The message family the case stands for (docs/DIAGNOSIS.md lists them).
+    #[serde(default)]
+    pub family: Option<String>,
 }
 
 /// Why a corpus could not be used.
@@ -362,7 +365,7 @@ pub enum Entity {
     Minor(u32),
     /// Process id.
     Pid(u32),
-    /// IPv4 address and optional port.
+    /// IP address (v4, or v6 in lower case without its zone) and optional port.
     Addr(String, Option<u16>),
     /// Network device and optional port.
     Device(String, Option<u16>),
@@ -445,6 +448,10 @@ impl EntityParser {
                 Step::Pci,
             ),
             (r"\b(\d{1,3}(?:\.\d{1,3}){3})(?::(\d{1,5}))?\b", Step::Addr),
+            (
+                r"(?i)\b((?:[0-9a-f]{1,4}:){1,7}:(?:[0-9a-f]{1,4}(?::[0-9a-f]{1,4})*)?|(?:[0-9a-f]{1,4}:){7}[0-9a-f]{1,4})(?:%[\w.]+)?(?:<(\d{1,5})>)?",
+                Step::Addr,
+            ),
             (r"\b(mlx\d+_\d+)(?::(\d+))?\b", Step::Device),
             (r"(?i)\bminor(?: number)?\s*(\d+)", Step::Minor),
             (r"(?i)\blocal[_ ]rank[\s:=]*(\d+)", Step::LocalRank),
@@ -461,7 +468,9 @@ impl EntityParser {
                 .into_iter()
                 .map(|(p, s)| Regex::new(p).map(|r| (r, s)))
                 .collect::<Result<_, _>>()?,
-            addr: Regex::new(r"^(\d{1,3}(?:\.\d{1,3}){3})(?::(\d{1,5}))?$")?,
+            addr: Regex::new(
+                r"(?i)^(?:(\d{1,3}(?:\.\d{1,3}){3})(?::(\d{1,5}))?|([0-9a-f:]*:[0-9a-f:]*:[0-9a-f:]*)(?:%[\w.]+)?(?:<(\d{1,5})>)?)$",
+            )?,
         })
     }
 
@@ -480,8 +489,9 @@ impl EntityParser {
                 let entity = match step {
                     Step::Uuid => Some(Entity::Uuid(whole.as_str().to_ascii_lowercase())),
                     Step::Pci => first.and_then(normalize_pci).map(Entity::Pci),
-                    Step::Addr => first
-                        .map(|ip| Entity::Addr(ip.to_owned(), second.and_then(|p| p.parse().ok()))),
+                    Step::Addr => first.map(|ip| {
+                        Entity::Addr(ip.to_ascii_lowercase(), second.and_then(|p| p.parse().ok()))
+                    }),
                     Step::Device => first
                         .map(|d| Entity::Device(d.to_owned(), second.and_then(|p| p.parse().ok()))),
                     Step::Minor => number.map(Entity::Minor),
@@ -551,10 +561,13 @@ impl EntityParser {
 
     fn as_addr(&self, s: &str) -> Option<Entity> {
         let caps = self.addr.captures(s)?;
-        let ip = caps.get(1)?.as_str().to_owned();
+        let (ip, port) = match caps.get(1) {
+            Some(v4) => (v4, caps.get(2)),
+            None => (caps.get(3)?, caps.get(4)),
+        };
         Some(Entity::Addr(
-            ip,
-            caps.get(2).and_then(|p| p.as_str().parse().ok()),
+            ip.as_str().to_ascii_lowercase(),
+            port.and_then(|p| p.as_str().parse().ok()),
         ))
     }
 }

@@ -135,6 +135,7 @@ pub fn select_evidence(templates: &[Template], query: &EvidenceQuery) -> Vec<Evi
 
     let mut scored: Vec<(f64, u64, EvidenceLine)> = templates
         .iter()
+        .filter(|t| !says_nothing(&t.sample_text))
         .map(|t| {
             let (score, reason) = score(t, query, onset, total_ranks, total_nodes);
             let line = EvidenceLine {
@@ -153,6 +154,35 @@ pub fn select_evidence(templates: &[Template], query: &EvidenceQuery) -> Vec<Evi
         .take(query.max_lines)
         .map(|(_, _, line)| line)
         .collect()
+}
+
+/// Whether a line carries no evidence of its own: blank or punctuation only (rules,
+/// carets, separators), a bare stack frame (Python `File "...", line N, in f`, C++
+/// `frame #N:`, gdb `#N 0x... in`, Java `at pkg.Class(File.java:N)`), or a traceback
+/// header. Such lines are never offered as evidence: the line they belong to is.
+pub fn says_nothing(text: &str) -> bool {
+    let t = text.trim();
+    if !t.chars().any(char::is_alphanumeric) {
+        return true;
+    }
+    // A `[rankN]:` or `host:pid:` style prefix does not make a frame say more.
+    let body = t
+        .strip_prefix('[')
+        .and_then(|r| r.split_once("]:"))
+        .map_or(t, |(_, rest)| rest.trim_start());
+    let frame_number = |r: &str| {
+        let digits = r.bytes().take_while(u8::is_ascii_digit).count();
+        digits > 0 && r[digits..].starts_with([':', ' '])
+    };
+    (body.starts_with("File \"") && body.contains("\", line "))
+        || body.strip_prefix("frame #").is_some_and(frame_number)
+        || body
+            .strip_prefix('#')
+            .is_some_and(|r| frame_number(r) && r.contains(" in "))
+        || body
+            .strip_prefix("at ")
+            .is_some_and(|r| r.ends_with(')') && r.split_whitespace().count() == 1)
+        || body.starts_with("Traceback (most recent call last)")
 }
 
 /// Share of the job's ranks (or, for lines without ranks, nodes) a template was seen on.
@@ -378,6 +408,33 @@ mod tests {
         );
         for pair in out.windows(2) {
             assert!(pair[0].score >= pair[1].score);
+        }
+    }
+
+    #[test]
+    fn blank_lines_separators_and_bare_frames_say_nothing() {
+        for quiet in [
+            "",
+            "   ",
+            "====================================================",
+            "    ^^^^^^^^^^",
+            "  File \"/opt/conda/lib/python3.10/site-packages/torch/nn/modules/module.py\", line 1511, in _wrapped_call_impl",
+            "[rank3]:   File \"/workspace/train.py\", line 88, in <module>",
+            "frame #4: <unknown function> + 0x1d8b2 (0x7f3c in /usr/lib/libc10_cuda.so)",
+            "#7  0x00007f1b2c3d in ncclProxyProgress () from /usr/lib/libnccl.so.2",
+            "\tat org.apache.spark.Executor.run(Executor.java:512)",
+            "Traceback (most recent call last):",
+        ] {
+            assert!(says_nothing(quiet), "{quiet:?}");
+        }
+        for telling in [
+            "RuntimeError: CUDA error: an illegal memory access was encountered",
+            "[rank3]: torch.OutOfMemoryError: CUDA out of memory.",
+            "Exception raised from c10_cuda_check_implementation at ../c10/cuda/CUDAException.cpp:43 (most recent call first):",
+            "at least one rank failed",
+            "#3 rank 2 failed",
+        ] {
+            assert!(!says_nothing(telling), "{telling:?}");
         }
     }
 

@@ -69,9 +69,9 @@ pub struct LineReader<R> {
 }
 
 impl<R: BufRead> LineReader<R> {
-    /// A reader whose first line gets id 0.
+    /// A reader whose first line gets id 1: ids are line numbers as an editor shows them.
     pub fn new(inner: R) -> Self {
-        LineReader::starting_at(inner, 0)
+        LineReader::starting_at(inner, 1)
     }
 
     /// A reader whose first line gets `first_id` (to number several inputs as one).

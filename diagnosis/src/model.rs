@@ -169,7 +169,7 @@ impl FromStr for FaultLocus {
 /// One input line, with what is known of where it came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogLine {
-    /// Position in the input (0-based), the id evidence cites.
+    /// Line number in the input (the first line is 1), the id evidence cites.
     pub id: u64,
     /// Node the line came from, when the source says.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -230,6 +230,11 @@ pub struct RuleSpec {
     /// for symptom — every rank reporting a timeout is a victim, not a culprit).
     #[serde(default)]
     pub blame: Option<bool>,
+    /// Categories whose faults lead to this rule's lines (a watchdog's SIGABRT after its
+    /// collective timed out): when a line of one of them came first, this rule's vote
+    /// counts a quarter.
+    #[serde(default)]
+    pub follows: Vec<String>,
     /// What to do about it (a recommendation; actions come from policy).
     #[serde(default)]
     pub action: Option<String>,
@@ -279,6 +284,8 @@ pub struct Rule {
     pub generic: bool,
     /// Whether its captures name the culprit.
     pub blame: bool,
+    /// Categories whose earlier lines make this rule's a consequence.
+    pub follows: Vec<Category>,
     /// Recommended action.
     pub action: Option<String>,
     /// File the rule came from.
@@ -654,6 +661,13 @@ fn compile(file: &str, spec: &RuleSpec) -> Result<Rule, Vec<Problem>> {
             }
         },
     };
+    let mut follows = Vec::new();
+    for c in &spec.follows {
+        match Category::from_str(c) {
+            Ok(c) => follows.push(c),
+            Err(e) => bad(format!("follows: {e}")),
+        }
+    }
     let fault_locus = match (&spec.fault_locus, spec.role) {
         (Some(_), Role::Context) => {
             bad("a context rule has no fault_locus".to_owned());
@@ -753,6 +767,7 @@ fn compile(file: &str, spec: &RuleSpec) -> Result<Rule, Vec<Problem>> {
         weight,
         generic: spec.generic,
         blame: spec.blame.unwrap_or(spec.role != Role::Symptom),
+        follows,
         action: spec.action.clone(),
         file: file.to_owned(),
         regexes,

@@ -291,7 +291,7 @@ pub struct IncidentDiagnosis {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DiagnosisEvidence {
-    /// The line's id in the diagnosed input (cited by the explanation).
+    /// The line's number in the diagnosed input, from 1 (cited by the explanation).
     pub id: u64,
     /// Node it came from, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -80,6 +80,9 @@ pub struct XidInfo {
     pub action: String,
     /// Marked "Unused" on A100 and newer GPUs.
     pub unused: bool,
+    /// A known cause outside the GPU itself (a driver or firmware bug that an update
+    /// fixes, the application), when there is one.
+    pub known: Option<String>,
 }
 
 /// Why a catalog could not be loaded.
@@ -126,6 +129,8 @@ struct RawEntry {
     action: Option<String>,
     #[serde(default)]
     unused: bool,
+    #[serde(default)]
+    known: Option<String>,
 }
 
 /// The XID catalog, by code.
@@ -169,6 +174,7 @@ impl XidCatalog {
                 cause,
                 action,
                 unused: e.unused,
+                known: e.known.filter(|s| !s.trim().is_empty()),
             };
             if by_code.insert(code, info).is_some() {
                 return Err(XidError::Duplicate { index, code });
@@ -211,6 +217,27 @@ impl XidCatalog {
             return EventSeverity::Fatal;
         }
         self.severity(code)
+    }
+
+    /// What to do about `code`, in words, from the catalog alone: the meaning, NVIDIA's
+    /// action, and the known cause outside the GPU where there is one. The GPU is to be
+    /// replaced only where the catalog's own action says so (RMA, field diagnostics);
+    /// an XID the application causes says to fix the program, not the node. `None` for
+    /// a code the catalog does not list.
+    pub fn advice(&self, code: u32) -> Option<String> {
+        let i = self.get(code)?;
+        let what = match i.cause {
+            Cause::Application => format!(
+                "XID {code} ({}) is raised by the application, not the GPU: fix the program; \
+                 NVIDIA's action: {}",
+                i.name, i.action
+            ),
+            _ => format!("XID {code} ({}): {}", i.name, i.action),
+        };
+        Some(match &i.known {
+            Some(known) => format!("{what}; {known}"),
+            None => what,
+        })
     }
 
     /// Number of codes listed.
