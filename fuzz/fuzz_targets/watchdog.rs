@@ -3,7 +3,7 @@
 //! reads a log (`input::LineReader`) and run through the whole rules pipeline
 //! (`pipeline::Pipeline`: classifier, template miner, watchdog scan, evidence).
 //!
-//! Checked: nothing panics; the line reader numbers lines in order; the lagging ranks
+//! Checked: nothing panics; the line reader numbers lines in order, from 1; the lagging ranks
 //! named are ascending, distinct and not empty, cite only lines that were read, and at
 //! most 16 of them; the explanation is short whatever the world size (up to
 //! `u32::MAX`, which must cost nothing); the diagnosis keeps to its evidence bound and
@@ -33,7 +33,7 @@ fuzz_target!(|input: &[u8]| {
     loop {
         match reader.next_line() {
             Ok(Some(l)) => {
-                assert_eq!(l.id, lines.len() as u64, "ids count the lines");
+                assert_eq!(l.id, lines.len() as u64 + 1, "ids are line numbers, from 1");
                 lines.push(l);
             }
             Ok(None) => break,
@@ -43,7 +43,7 @@ fuzz_target!(|input: &[u8]| {
                     .split('\n')
                     .enumerate()
                     .map(|(i, t)| LogLine {
-                        id: i as u64,
+                        id: i as u64 + 1,
                         text: t.to_owned(),
                         ..LogLine::default()
                     })
@@ -95,14 +95,14 @@ fuzz_target!(|input: &[u8]| {
             lag.explanation.len()
         );
         assert!(
-            lag.evidence.iter().all(|&id| id < n),
+            lag.evidence.iter().all(|&id| (1..=n).contains(&id)),
             "evidence cites read lines"
         );
     }
     let d = pipeline.finish();
     assert!(d.evidence.len() <= max_evidence);
     assert!(
-        d.evidence.iter().all(|e| e.id < n),
+        d.evidence.iter().all(|e| (1..=n).contains(&e.id)),
         "evidence cites read lines"
     );
     assert!(
