@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use warden_diagnosis::eval::{Case, Evaluation, evaluate_with, parse_corpus};
+use warden_diagnosis::eval::{Case, Evaluation, duplicate_id, evaluate_with, parse_corpus};
 use warden_diagnosis::input::{InputError, InputStats, LineReader, for_each_line};
 use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser, Outcome};
 use warden_diagnosis::llm_eval::{EvalCase, EvalReport, evaluate_corpus};
@@ -74,11 +74,10 @@ fn run(args: &DiagnoseArgs) -> Result<ExitCode, Refusal> {
         for corpus in &args.eval {
             cases.extend(read_corpora(corpus)?);
         }
-        let mut seen = std::collections::BTreeSet::new();
-        if let Some(dup) = cases.iter().find(|c| !seen.insert(c.id.as_str())) {
+        if let Some(dup) = duplicate_id(&cases) {
             return Err(Refusal::new(
                 EXIT_DATA,
-                format!("case id {:?} appears twice in the corpus", dup.id),
+                format!("case id {dup:?} appears twice in the corpus"),
             ));
         }
         match &llm {

@@ -10,7 +10,8 @@ use crate::rules::{Field, Hit, Role, RuleSet, Scratch};
 
 /// Hits kept per rule at the start and at the end of the input (the count is exact).
 const KEEP_PER_RULE: usize = 32;
-/// How far (in lines) a context line may be from a winning hit to fill the culprit.
+/// How far (in lines) a context line may be from the lines the culprit came from to fill
+/// it (and a Ray task header from a line to overrule its prefix).
 const CONTEXT_LINES: u64 = 16;
 /// Longest line text kept for evidence, in bytes.
 const EVIDENCE_TEXT_BYTES: usize = 400;
@@ -384,8 +385,8 @@ impl<'r> Classifier<'r> {
         })
     }
 
-    /// The culprit: per field, the values of the strongest winning hits that name it;
-    /// fields still missing are filled from context lines near those hits.
+    /// The culprit: per field, the values of the first of the strongest winning hits
+    /// that name it; fields still missing are filled from context lines near those hits.
     fn culprit(&self, winner_hits: &[&LineHit]) -> (Culprit, Vec<u64>) {
         let rules = self.rules.rules();
         let blaming: Vec<&LineHit> = winner_hits
@@ -478,16 +479,19 @@ impl<'r> Classifier<'r> {
         (culprit, lines)
     }
 
-    /// A peer named by host name is also named by the address NCCL says that host
-    /// bootstraps on (`node3:...: NCCL INFO Bootstrap : Using eth0:10.0.0.3<0>`).
+    /// A peer named by host name is also named by its address where the log gives the
+    /// mapping: a context rule that blames nothing is an address book, whose hits pair
+    /// the line's host with the address it captured (`node3:...: NCCL INFO Bootstrap :
+    /// Using eth0:10.0.0.3<0>`).
     fn add_peer_addresses(&self, culprit: &mut Culprit) {
         let rules = self.rules.rules();
-        let Some(book) = rules.iter().position(|r| r.id == BOOTSTRAP_ADDRESS_RULE) else {
-            return;
-        };
+        let books: Vec<&LineHit> = self
+            .hits()
+            .filter(|h| rules[h.rule].role == Role::Context && !rules[h.rule].blame)
+            .collect();
         let mut added = Vec::new();
         for peer in &culprit.peers {
-            let address = self.kept[book].hits().find_map(|h| {
+            let address = books.iter().find_map(|h| {
                 let host = h.get(Field::Host).next()?;
                 (host == peer || host.split('.').next() == Some(peer.as_str()))
                     .then(|| h.get(Field::Peer).next())
@@ -515,9 +519,6 @@ pub fn classify(rules: &RuleSet, lines: &[LogLine]) -> Diagnosis {
     }
     c.diagnosis()
 }
-
-/// The context rule whose hits map host names to the addresses they bootstrap on.
-const BOOTSTRAP_ADDRESS_RULE: &str = "network.bootstrap_address";
 
 const CULPRIT_FIELDS: [Field; 11] = [
     Field::Rank,

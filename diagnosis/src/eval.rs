@@ -80,6 +80,15 @@ pub fn parse_corpus(text: &str) -> Result<Vec<Case>, EvalError> {
     Ok(cases)
 }
 
+/// The first case id that appears twice in `cases`, if any.
+pub fn duplicate_id(cases: &[Case]) -> Option<&str> {
+    let mut seen = std::collections::BTreeSet::new();
+    cases
+        .iter()
+        .map(|c| c.id.as_str())
+        .find(|id| !seen.insert(*id))
+}
+
 /// What the rules answered for one case.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CaseResult {

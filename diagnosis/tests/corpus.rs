@@ -3,7 +3,7 @@
 //! public threads (tests/data/public/), and the scorer itself, which must fail wrong
 //! answers.
 
-use warden_diagnosis::eval::{Case, evaluate, evaluate_with, parse_corpus};
+use warden_diagnosis::eval::{Case, duplicate_id, evaluate, evaluate_with, parse_corpus};
 use warden_diagnosis::pipeline::{PipelineOptions, diagnose_lines};
 use warden_diagnosis::rules::RuleSet;
 use warden_diagnosis::{Category, LogLine};
@@ -130,9 +130,8 @@ fn public_corpus() -> Vec<Case> {
 fn the_public_corpus_covers_every_category() {
     let cases = public_corpus();
     assert!(cases.len() >= 150, "{} cases", cases.len());
-    let mut seen = std::collections::BTreeSet::new();
+    assert_eq!(duplicate_id(&cases), None, "a case id twice");
     for c in &cases {
-        assert!(seen.insert(c.id.clone()), "case id {} twice", c.id);
         let source = c.source.as_deref().unwrap_or_default();
         assert!(
             source.starts_with("https://"),
