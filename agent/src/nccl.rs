@@ -24,6 +24,10 @@
 //!   without child events of its own (a transfer inside the node) is complete once an
 //!   operation of the same communicator started after it has completed: NCCL runs a
 //!   communicator's operations in order on one stream.
+//! - Per-peer send totals (segments written under the plugin's `proxystep` mask): each
+//!   peer's steps, bytes and wire time since the communicator began, sent as a
+//!   `LinkSample` whenever they moved since the last poll (totals, so a lost batch
+//!   loses nothing; the controller takes differences).
 //! - Exits: a process whose segments are still live (not finalized) and whose pid is
 //!   gone from `/proc`, a zombie, or taken by another process (start time differs) has
 //!   exited; it is reported once, with its wait status when the kernel still has it,
@@ -45,7 +49,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use warden_model::wire::{CollectiveEvent, CommInfo, ProcessState, RankInfo};
+use warden_model::wire::{
+    CollectiveEvent, CommInfo, LinkSample, MAX_LINK_TOTAL, MAX_WORLD_SIZE, ProcessState, RankInfo,
+};
 use warden_nccl_profiler::segment::{self, Event, Kind, Phase, SegmentError, Snapshot};
 
 use crate::capture::{LiveProcess, Liveness, liveness, report_stopped};
@@ -75,6 +81,8 @@ pub struct PollStats {
     pub collectives: usize,
     /// Process exits reported.
     pub exits: usize,
+    /// Per-peer network totals reported (segments written under the `proxystep` mask).
+    pub links: usize,
 }
 
 /// What the agent remembers between polls.
@@ -101,6 +109,8 @@ struct Seen {
     in_flight: Option<CollectiveEvent>,
     /// Point-to-point operations.
     p2p: P2pSeen,
+    /// Per-peer send steps last reported, by peer.
+    links: HashMap<u32, u64>,
 }
 
 /// Point-to-point operations of one segment, by the plugin's p2p sequence number
@@ -369,6 +379,7 @@ pub fn poll_segments(
             completed: 0,
             in_flight: None,
             p2p: P2pSeen::default(),
+            links: HashMap::new(),
         };
         let seen = tracker.segments.entry(path).or_insert_with(fresh);
         if seen.identity != identity {
@@ -377,6 +388,7 @@ pub fn poll_segments(
         register(&snap, rank, progress);
         stats.collectives += report_collectives(seen, &snap, rank, progress);
         stats.collectives += report_p2p(&mut seen.p2p, &snap, rank, progress);
+        stats.links += report_links(&mut seen.links, &snap, rank, progress, now_ns);
     }
     tracker.segments.retain(|p, _| present.contains(p));
     // Processes whose segments are all gone or finalized are done with NCCL.
@@ -611,6 +623,45 @@ fn report_collectives(seen: &mut Seen, snap: &Snapshot, rank: u32, progress: &Pr
     sent
 }
 
+/// Report the per-peer send totals of one segment that moved since the last poll (the
+/// plugin keeps them only under the `proxystep` mask); returns how many went out.
+fn report_links(
+    sent: &mut HashMap<u32, u64>,
+    snap: &Snapshot,
+    rank: u32,
+    progress: &Progress,
+    now_ns: i64,
+) -> usize {
+    let mut n = 0;
+    for l in &snap.links {
+        let sane = l.peer < snap.nranks.min(MAX_WORLD_SIZE)
+            && l.peer != snap.comm_rank
+            && snap.comm_rank < MAX_WORLD_SIZE
+            && [l.steps, l.bytes, l.busy_ns]
+                .iter()
+                .all(|&v| v <= MAX_LINK_TOTAL);
+        if !sane || l.steps == 0 || sent.get(&l.peer) == Some(&l.steps) {
+            continue;
+        }
+        sent.insert(l.peer, l.steps);
+        progress.link(
+            &snap.job,
+            LinkSample {
+                comm: snap.comm_hash,
+                rank,
+                comm_rank: snap.comm_rank,
+                peer: l.peer,
+                at_ns: now_ns,
+                steps: l.steps,
+                bytes: l.bytes,
+                busy_ns: l.busy_ns,
+            },
+        );
+        n += 1;
+    }
+    n
+}
+
 /// The pair communicator of a point-to-point operation: its id, name and this rank's
 /// rank in it (the sender is 0); `None` for an operation that names no other rank or
 /// that the plugin did not number.
@@ -812,9 +863,13 @@ mod tests {
         }
 
         fn open(&self, comm: u64, rank: Option<u32>) -> &'static Context {
+            self.open_with_mask(comm, rank, DEFAULT_MASK)
+        }
+
+        fn open_with_mask(&self, comm: u64, rank: Option<u32>, mask: u64) -> &'static Context {
             let cfg = Config {
                 shm_dir: self.shm.path().to_owned(),
-                mask: DEFAULT_MASK,
+                mask,
                 mask_problem: None,
                 global_rank: rank,
                 local_rank: Some(1),
@@ -828,7 +883,7 @@ mod tests {
                 nranks: 4,
                 rank: 1,
                 abi_version: 5,
-                event_mask: DEFAULT_MASK,
+                event_mask: mask,
             };
             shm::open(&cfg, &id).expect("open a segment")
         }
@@ -865,6 +920,56 @@ mod tests {
         let mut pending = Pending::default();
         p.flush(1, &mut pending);
         pending.take_jobs()
+    }
+
+    /// One collective whose send to `peer` takes one timed step of `bytes`.
+    fn send_step(ctx: &'static Context, n: u64, peer: i32, bytes: usize) {
+        use warden_nccl_profiler::abi::state;
+        let slot = ctx.start_task(&allreduce(n)).expect("a slot");
+        shm::stop_task(slot);
+        let rec = ctx.start_op(slot, peer).expect("a step record");
+        let i = shm::start_step(rec, 0);
+        shm::record_step(rec, i, state::PROXY_STEP_SEND_WAIT, bytes);
+        shm::stop_step(rec, i);
+        shm::stop_op(rec);
+    }
+
+    #[test]
+    fn per_peer_totals_go_out_when_they_move() {
+        use warden_nccl_profiler::abi::event;
+        let node = Node::new();
+        let ctx = node.open_with_mask(0xabc, Some(3), DEFAULT_MASK | event::PROXY_STEP);
+        let p = Progress::default();
+        let mut t = node.tracker();
+        send_step(ctx, 1, 2, 1 << 20);
+        let stats = node.poll(&mut t, &p, 1_000);
+        assert_eq!(stats.links, 1);
+        let jobs = cut(&p);
+        let links = &jobs[0].links;
+        assert_eq!(links.len(), 1, "{links:?}");
+        let l = &links[0];
+        assert_eq!(
+            (
+                l.comm,
+                l.rank,
+                l.comm_rank,
+                l.peer,
+                l.at_ns,
+                l.steps,
+                l.bytes
+            ),
+            (0xabc, 3, 1, 2, 1_000, 1, 1 << 20)
+        );
+        // Nothing moved: nothing goes out.
+        assert_eq!(node.poll(&mut t, &p, 2_000).links, 0);
+        assert!(cut(&p).iter().all(|j| j.links.is_empty()));
+        // Another step: the new totals.
+        send_step(ctx, 2, 2, 1 << 19);
+        assert_eq!(node.poll(&mut t, &p, 3_000).links, 1);
+        let jobs = cut(&p);
+        let l = &jobs[0].links[0];
+        assert_eq!((l.steps, l.bytes, l.at_ns), (2, 3 << 19, 3_000));
+        shm::close(ctx);
     }
 
     #[test]

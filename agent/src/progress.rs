@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use warden_model::wire::{
-    CollectiveEvent, CommInfo, JobSignals, LogRecord, ProcessState, RankInfo, TrainingMetric,
+    CollectiveEvent, CommInfo, JobSignals, LinkSample, LogRecord, ProcessState, RankInfo,
+    TrainingMetric,
 };
 
 use tokio::sync::Notify;
@@ -60,6 +61,9 @@ struct JobBook {
     processes: Vec<ProcessState>,
     /// Critical records and the number of later batches that repeat them.
     repeats: Vec<(u8, Critical)>,
+    /// Latest per-peer network totals not sent yet, by (comm, rank, peer): totals, so
+    /// only the newest of a flush matters.
+    links: BTreeMap<(u64, u32, u32), LinkSample>,
 }
 
 #[derive(Debug, Clone)]
@@ -80,6 +84,7 @@ impl JobBook {
             && self.repeats.is_empty()
             && self.new_ranks.is_empty()
             && self.new_comms.is_empty()
+            && self.links.is_empty()
     }
 }
 
@@ -159,6 +164,19 @@ impl Progress {
             return;
         }
         j.completed.push(ev);
+    }
+
+    /// A rank's per-peer network totals as read now; a later read in the same flush
+    /// replaces it.
+    pub fn link(&self, job: &str, l: LinkSample) {
+        let mut book = self.lock();
+        let j = book.jobs.entry(job.to_owned()).or_default();
+        let key = (l.comm, l.rank, l.peer);
+        if j.links.len() >= MAX_OTHER_PER_FLUSH && !j.links.contains_key(&key) {
+            book.dropped += 1;
+            return;
+        }
+        j.links.insert(key, l);
     }
 
     /// A training metric of a rank.
@@ -276,6 +294,7 @@ impl Progress {
                 sig.processes.push(p);
             }
             sig.logs = std::mem::take(&mut j.logs);
+            sig.links = std::mem::take(&mut j.links).into_values().collect();
             pending.job_signals(sig);
         }
         book.jobs.retain(|_, j| !j.idle());

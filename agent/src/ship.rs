@@ -140,6 +140,7 @@ impl Pending {
             metrics,
             processes,
             logs,
+            links,
         } = sig;
         let parts = [
             ranks.len(),
@@ -148,6 +149,7 @@ impl Pending {
             metrics.len(),
             collectives.len(),
             logs.len(),
+            links.len(),
         ];
         let room: Vec<bool> = parts.iter().map(|&n| n == 0 || self.room(n)).collect();
         if parts.iter().all(|&n| n == 0) {
@@ -170,6 +172,7 @@ impl Pending {
         keep(room[3], metrics, &mut j.metrics);
         keep(room[4], collectives, &mut j.collectives);
         keep(room[5], logs, &mut j.logs);
+        keep(room[6], links, &mut j.links);
     }
 
     /// Add a log line of `job`.

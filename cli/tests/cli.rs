@@ -133,6 +133,14 @@ fn demo_runs_the_built_in_scenario_to_completion() {
     // Warden's node table and a restart requested; XID 63 (a row remap pending, a
     // warning in rules/xid.yaml) is reported and touches nothing.
     assert!(stdout.contains("REMEDIATED gpu_fault"), "{stdout}");
+    // The demo's capture path times each peer's sends (nccl_proxy): the slow link is
+    // found, on its node.
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("OPENED slow_link") && l.ends_with("node node-11")),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("drain node-20: done"),
         "node-20 not drained:\n{stdout}"

@@ -95,6 +95,7 @@ fn batch() -> Batch {
             }],
             processes: vec![],
             logs: vec![],
+            links: vec![],
         }],
         gpus: vec![],
         events: vec![],

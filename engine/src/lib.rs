@@ -10,6 +10,7 @@ pub mod engine;
 pub mod incidents;
 pub mod ledger;
 pub mod lifecycle;
+pub mod links;
 pub mod state;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -14,6 +14,7 @@ use warden_model::{CommId, Timestamp};
 
 use crate::engine::EngineStats;
 use crate::lifecycle::{Applied, JobLifecycle, LifecycleReport, Phase};
+use crate::links::Links;
 use warden_model::view::{CommProgressView, JobView, RankView, rel};
 
 /// "No node" in [`RankState::node`].
@@ -21,8 +22,6 @@ pub const NO_NODE: u32 = u32::MAX;
 
 /// Samples of compute time kept per rank.
 pub const COMPUTE_RING: usize = 32;
-/// Samples of own transfer time kept per rank and communicator.
-pub const XFER_RING: usize = 8;
 /// Gaps between collectives kept per rank.
 pub const GAP_RING: usize = 32;
 /// Per-collective maximum waits kept per communicator (for the adaptive hang bound).
@@ -523,8 +522,6 @@ pub struct Member {
     /// When (controller clock) its agent last reported it still inside
     /// `last_started_seq`: a wait is confirmed only as long as agents keep saying so.
     pub inflight_seen: Timestamp,
-    /// Its own transfer time per collective, seconds.
-    pub xfer: Ring<f32, XFER_RING>,
 }
 
 /// One communicator.
@@ -757,6 +754,8 @@ pub struct JobState {
     /// exits that follow are the restart tearing the run down, not a crash. Cleared
     /// when the next run starts.
     pub restart_requested_at: Option<Timestamp>,
+    /// Per-peer network timing (the NCCL plugin's proxy steps).
+    pub links: Links,
     /// While a batch is applied: ranks it may still add, the bounds, and what it could
     /// not add.
     budget: Budget,
@@ -771,6 +770,7 @@ struct Budget {
     max_comms_per_rank: usize,
     refused_ranks: u64,
     refused_comms: u64,
+    refused_links: u64,
 }
 
 impl JobState {
@@ -787,6 +787,7 @@ impl JobState {
         self.ranks.clear();
         self.comms.clear();
         self.comm_index.clear();
+        self.links.clear();
         self.restart_requested_at = None;
     }
 
@@ -1019,6 +1020,7 @@ fn job_bytes(j: &JobState) -> usize {
         + j.comms.len() * COMM_COST
         + j.comms.iter().map(|c| c.members.len()).sum::<usize>() * MEMBER_COST
         + j.ranks.values().map(|r| r.last_errors.len()).sum::<usize>() * ERROR_LINE_COST
+        + j.links.bytes()
 }
 
 impl Default for Limits {
@@ -1395,6 +1397,7 @@ impl Cluster {
             max_comms_per_rank: self.limits.max_comms_per_rank,
             refused_ranks: 0,
             refused_comms: 0,
+            refused_links: 0,
         };
         let n = apply_job_signals(job, node, &js, offset, (cut, gap_at), now, stats);
         self.ranks_held += job.ranks.len() - held_before;
@@ -1404,6 +1407,9 @@ impl Cluster {
         }
         if job.budget.refused_comms > 0 {
             *stats.refused.entry("comms").or_default() += job.budget.refused_comms;
+        }
+        if job.budget.refused_links > 0 {
+            *stats.refused.entry("links").or_default() += job.budget.refused_links;
         }
         n
     }
@@ -1416,7 +1422,8 @@ fn records(js: &JobSignals) -> u64 {
         + js.collectives.len()
         + js.metrics.len()
         + js.processes.len()
-        + js.logs.len()) as u64
+        + js.logs.len()
+        + js.links.len()) as u64
 }
 
 fn apply_job_signals(
@@ -1436,6 +1443,12 @@ fn apply_job_signals(
         }
         for c in &js.comms {
             apply_comm_info(job, c);
+            n += 1;
+        }
+        for l in &js.links {
+            if !job.links.apply(l, now, &mut job.budget.bytes) {
+                job.budget.refused_links += 1;
+            }
             n += 1;
         }
         for ev in &js.collectives {
@@ -1720,6 +1733,12 @@ fn apply_comm_info(job: &mut JobState, info: &CommInfo) {
             c.size = info.size;
         }
     }
+    if !job
+        .links
+        .name(info.comm, info.comm_rank, info.rank, &mut job.budget.bytes)
+    {
+        job.budget.refused_links += 1;
+    }
     job.slot(ci, info.rank);
 }
 
@@ -1832,9 +1851,6 @@ fn apply_collective(
     m.last_completed_at = Timestamp(ev.end_ns.saturating_sub(offset));
     m.last_completed_entered_at = start;
     m.completions = m.completions.saturating_add(1);
-    if ev.xfer_ns > 0 {
-        m.xfer.push(ev.xfer_ns as f32 / 1e9);
-    }
     let completions = m.completions;
     let end_at = m.last_completed_at;
     let wait_ns = ev.end_ns - ev.start_ns;

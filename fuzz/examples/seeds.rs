@@ -199,6 +199,7 @@ fn sample_batches() -> Vec<(&'static str, Batch)> {
             stream: LogStream::Stderr as i32,
             line: "RuntimeError: CUDA error: an illegal memory access was encountered".into(),
         }],
+        links: vec![],
     };
     let gpus = vec![GpuSample {
         index: 0,

@@ -243,6 +243,9 @@ pub struct JobSignals {
     /// Training log lines.
     #[prost(message, repeated, tag = "7")]
     pub logs: Vec<LogRecord>,
+    /// Network time of each rank's sends per peer (the NCCL plugin's `proxystep` mask).
+    #[prost(message, repeated, tag = "8")]
+    pub links: Vec<LinkSample>,
 }
 
 /// A rank running on this node.
@@ -322,6 +325,46 @@ pub struct CollectiveEvent {
     #[prost(uint64, tag = "8")]
     pub xfer_ns: u64,
 }
+
+/// How long one rank's sends to one peer of a communicator spent on the network, since
+/// the rank's communicator began: totals, so that a repeated or lost sample loses
+/// nothing (the controller takes differences between samples). From the NCCL plugin's
+/// proxy steps (`WARDEN_NCCL_PROFILER_MASK=default+proxystep`): a send step's time from
+/// its isend to the network's completion, queueing behind the connection's earlier steps
+/// included.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, PartialEq, Message, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LinkSample {
+    /// Communicator hash.
+    #[prost(fixed64, tag = "1")]
+    pub comm: u64,
+    /// Global rank of the sender.
+    #[prost(uint32, tag = "2")]
+    pub rank: u32,
+    /// The sender's rank within the communicator.
+    #[prost(uint32, tag = "3")]
+    pub comm_rank: u32,
+    /// The receiver's rank within the communicator.
+    #[prost(uint32, tag = "4")]
+    pub peer: u32,
+    /// When the agent read the totals (agent clock, ns).
+    #[prost(int64, tag = "5")]
+    pub at_ns: i64,
+    /// Send steps completed.
+    #[prost(uint64, tag = "6")]
+    pub steps: u64,
+    /// Bytes those steps sent.
+    #[prost(uint64, tag = "7")]
+    pub bytes: u64,
+    /// Their time on the network, summed, ns.
+    #[prost(uint64, tag = "8")]
+    pub busy_ns: u64,
+}
+
+/// Largest total a [`LinkSample`] may carry in `steps`, `bytes` or `busy_ns` (2^56): far
+/// above any real run's, low enough that differences and ratios stay exact in f64 range.
+pub const MAX_LINK_TOTAL: u64 = 1 << 56;
 
 impl CollectiveEvent {
     /// Whether the collective had not completed when the batch was cut.
@@ -773,6 +816,7 @@ impl Batch {
                 ("metrics", j.metrics.iter().map(|m| m.rank).max()),
                 ("processes", j.processes.iter().map(|p| p.rank).max()),
                 ("logs", j.logs.iter().filter_map(|l| l.rank).max()),
+                ("links", j.links.iter().map(|l| l.rank).max()),
             ];
             for (what, max) in ranks {
                 if let Some(r) = max.filter(|&r| r >= MAX_RANK) {
@@ -785,6 +829,23 @@ impl Batch {
                 if let Some(op) = m.first_nonfinite_op.filter(|&op| op > MAX_OP_INDEX) {
                     return bad(format!(
                         "jobs[{i}].metrics[{k}].first_nonfinite_op: {op} is above {MAX_OP_INDEX}"
+                    ));
+                }
+            }
+            for (k, l) in j.links.iter().enumerate() {
+                if l.peer >= MAX_WORLD_SIZE
+                    || l.comm_rank >= MAX_WORLD_SIZE
+                    || l.peer == l.comm_rank
+                    || l.at_ns <= 0
+                    || l.steps > MAX_LINK_TOTAL
+                    || l.bytes > MAX_LINK_TOTAL
+                    || l.busy_ns > MAX_LINK_TOTAL
+                {
+                    return bad(format!(
+                        "jobs[{i}].links[{k}]: need comm_rank and peer below {MAX_WORLD_SIZE} and \
+                         different, at_ns > 0 and totals at most {MAX_LINK_TOTAL} (comm_rank {}, \
+                         peer {}, at {}, steps {}, bytes {}, busy {})",
+                        l.comm_rank, l.peer, l.at_ns, l.steps, l.bytes, l.busy_ns
                     ));
                 }
             }
@@ -885,6 +946,7 @@ mod tests {
                 }],
                 processes: vec![],
                 logs: vec![],
+                links: vec![],
             }],
             gpus: vec![],
             events: vec![NodeEvent {
@@ -999,6 +1061,50 @@ mod tests {
             Batch::decode_json(b"[1,2]").expect_err("fails").reason(),
             "malformed"
         );
+    }
+
+    #[test]
+    fn link_samples_round_trip_and_bad_ones_are_refused() {
+        let good = LinkSample {
+            comm: 7,
+            rank: 3,
+            comm_rank: 1,
+            peer: 2,
+            at_ns: 1_700_000_000_000_000_000,
+            steps: 10,
+            bytes: 10 << 20,
+            busy_ns: 4_000_000,
+        };
+        let mut b = sample();
+        b.jobs[0].links = vec![good.clone()];
+        let back = Batch::decode_binary(&b.encode_binary()).expect("decodes");
+        assert_eq!(back.jobs[0].links, vec![good.clone()]);
+        for bad in [
+            LinkSample {
+                peer: 1,
+                ..good.clone()
+            },
+            LinkSample {
+                peer: MAX_WORLD_SIZE,
+                ..good.clone()
+            },
+            LinkSample {
+                at_ns: 0,
+                ..good.clone()
+            },
+            LinkSample {
+                busy_ns: MAX_LINK_TOTAL + 1,
+                ..good.clone()
+            },
+            LinkSample {
+                rank: MAX_RANK,
+                ..good.clone()
+            },
+        ] {
+            b.jobs[0].links = vec![bad];
+            let err = Batch::decode_binary(&b.encode_binary()).expect_err("refused");
+            assert!(err.to_string().contains("jobs[0].links"), "{err}");
+        }
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Emulated node agents: they hold what their ranks produced, and at each flush cut a
 //! wire batch with exactly what an agent could have seen by then, in its own clock.
 
+use std::collections::BTreeMap;
 use warden_model::Timestamp;
+
 use warden_model::wire::{
-    Batch, CollOp, CollectiveEvent, CommInfo, EventSeverity, Heartbeat, JobSignals, LogRecord,
-    NodeEvent, ProcessState, RankInfo, TrainingMetric,
+    Batch, CollOp, CollectiveEvent, CommInfo, EventSeverity, Heartbeat, JobSignals, LinkSample,
+    LogRecord, NodeEvent, ProcessState, RankInfo, TrainingMetric,
 };
 
 use crate::scenario::Capture;
@@ -68,6 +70,33 @@ pub struct PendingColl {
     /// Whether its communicator crosses nodes (network transfers, proxy operations).
     pub spans_nodes: bool,
 }
+
+/// One rank's sends to one peer over the network, in true virtual time: what the
+/// plugin's proxy steps add to its per-peer totals (`nccl_proxy` only).
+#[derive(Debug, Clone, Copy)]
+pub struct PendingLink {
+    /// Global rank of the sender.
+    pub rank: u32,
+    /// Communicator id.
+    pub comm: u64,
+    /// The sender's rank in the communicator.
+    pub comm_rank: u32,
+    /// The receiver's rank in the communicator.
+    pub peer: u32,
+    /// When the last of these steps completed, seconds.
+    pub at: f64,
+    /// Steps.
+    pub steps: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Time on the wire, summed over the steps, seconds.
+    pub busy: f64,
+}
+
+/// (communicator, sender, receiver's rank in the communicator).
+type LinkKey = (u64, u32, u32);
+/// Steps, bytes and wire ns so far, and the sender's rank in the communicator.
+type LinkTotals = (u64, u64, u64, u32);
 
 /// A record other than a collective; times inside are true time (skew is added at
 /// flush).
@@ -148,6 +177,11 @@ pub struct Agent {
     pub colls: Vec<PendingColl>,
     /// Other records not yet reported.
     pub records: Vec<PendingRecord>,
+    /// Per-peer sends not yet read (`nccl_proxy`).
+    pub links: Vec<PendingLink>,
+    /// Per-peer totals as the plugin keeps them, by (comm, rank, peer): steps, bytes,
+    /// ns, and the sender's rank in the communicator.
+    link_totals: BTreeMap<LinkKey, LinkTotals>,
     repeats: Vec<(u8, Record)>,
     /// Collectives completed in the previous batch, carried again in the next one.
     last_completed: Vec<CollectiveEvent>,
@@ -164,7 +198,7 @@ impl Agent {
     pub fn new(node: u32, name: String, offset_ns: i64, seed: u64, capture: Capture) -> Self {
         let h = fnv1a(format!("{seed}/{name}").as_bytes());
         let read_period = match capture {
-            Capture::Nccl => SEGMENT_POLL_SECS,
+            Capture::Nccl | Capture::NcclProxy => SEGMENT_POLL_SECS,
             Capture::Torch => TORCH_READ_SECS,
         };
         let read_phase = (h >> 11) as f64 / (1u64 << 53) as f64 * read_period;
@@ -179,6 +213,8 @@ impl Agent {
             next_registration: 0.0,
             colls: vec![],
             records: vec![],
+            links: vec![],
+            link_totals: BTreeMap::new(),
             repeats: vec![],
             last_completed: vec![],
             failed_batches: 0,
@@ -194,7 +230,7 @@ impl Agent {
             return x;
         }
         let period = match self.capture {
-            Capture::Nccl => SEGMENT_POLL_SECS,
+            Capture::Nccl | Capture::NcclProxy => SEGMENT_POLL_SECS,
             Capture::Torch => TORCH_READ_SECS,
         };
         self.read_phase + ((x - self.read_phase) / period).ceil().max(0.0) * period
@@ -207,8 +243,8 @@ impl Agent {
     ///   on the rank's own 20 ms clock.
     fn reported_end(&self, c: &PendingColl) -> f64 {
         match self.capture {
-            Capture::Nccl if c.spans_nodes => c.end,
-            Capture::Nccl => c.call + ENQUEUE_SECS,
+            Capture::Nccl | Capture::NcclProxy if c.spans_nodes => c.end,
+            Capture::Nccl | Capture::NcclProxy => c.call + ENQUEUE_SECS,
             Capture::Torch => {
                 if !c.end.is_finite() {
                     return c.end;
@@ -225,7 +261,7 @@ impl Agent {
     /// `warden_torch`.
     fn reported_xfer(&self, c: &PendingColl, end: f64) -> f64 {
         match self.capture {
-            Capture::Nccl if c.spans_nodes => {
+            Capture::Nccl | Capture::NcclProxy if c.spans_nodes => {
                 (end - (c.call + ENQUEUE_SECS + PROXY_PICKUP_SECS)).max(0.0)
             }
             _ => 0.0,
@@ -330,6 +366,7 @@ impl Agent {
             may_complete
         });
         self.colls = colls;
+        self.read_links(t, t_ns, death, ns(t), &mut sig);
         // Completions are carried twice (this batch and the next) so that one lost
         // batch loses none; the controller drops the repeats as stale.
         let fresh: Vec<CollectiveEvent> = sig
@@ -371,6 +408,7 @@ impl Agent {
             .extend(sent_critical.into_iter().map(|r| (CRITICAL_REPEATS, r)));
 
         let has_job = !(sig.ranks.is_empty()
+            && sig.links.is_empty()
             && sig.comms.is_empty()
             && sig.collectives.is_empty()
             && sig.metrics.is_empty()
@@ -393,6 +431,54 @@ impl Agent {
             }),
         };
         (batch, stats)
+    }
+}
+
+impl Agent {
+    /// Fold the per-peer sends the agent has read by true time `t` into the totals the
+    /// plugin keeps, and report each total that moved, stamped `at_ns` (agent clock). A
+    /// send after its rank's death never happened.
+    fn read_links(&mut self, t: f64, t_ns: i64, death: &[f64], at_ns: i64, sig: &mut JobSignals) {
+        if self.links.is_empty() {
+            return;
+        }
+        let mut moved = Vec::new();
+        let mut links = std::mem::take(&mut self.links);
+        links.retain(|l| {
+            let d = virtual_ns(death[l.rank as usize]);
+            if virtual_ns(l.at) > d {
+                return false;
+            }
+            if virtual_ns(self.read_at(l.at)) > t_ns || l.at > t {
+                return true;
+            }
+            let key = (l.comm, l.rank, l.peer);
+            let tot = self
+                .link_totals
+                .entry(key)
+                .or_insert((0, 0, 0, l.comm_rank));
+            tot.0 += l.steps;
+            tot.1 += l.bytes;
+            tot.2 += (l.busy * 1e9).round() as u64;
+            moved.push(key);
+            false
+        });
+        self.links = links;
+        moved.sort_unstable();
+        moved.dedup();
+        for key in moved {
+            let (steps, bytes, busy_ns, comm_rank) = self.link_totals[&key];
+            sig.links.push(LinkSample {
+                comm: key.0,
+                rank: key.1,
+                comm_rank,
+                peer: key.2,
+                at_ns,
+                steps,
+                bytes,
+                busy_ns,
+            });
+        }
     }
 }
 

@@ -7,7 +7,9 @@ use warden_model::wire::{
     TrainingMetric,
 };
 
-use crate::agent::{Agent, PendingColl, PendingRecord, Record, pci_bus_id, pid_of, true_ns};
+use crate::agent::{
+    Agent, PendingColl, PendingLink, PendingRecord, Record, pci_bus_id, pid_of, true_ns,
+};
 use crate::rng::Draw;
 use crate::scenario::{FaultKind, Metrics, Scenario, is_fatal_xid};
 use crate::topology::{CommKind, Pair, Topology};
@@ -41,6 +43,9 @@ pub struct Physics {
     scenario: Scenario,
     topo: Topology,
     draw: Draw,
+    /// Per-peer wire times of `nccl_proxy` (their own stream, so that the job's
+    /// physics draws the same under every capture path).
+    net: Draw,
     /// How far ahead of the GPU each host call comes (its own stream, so that the
     /// job's physics draws the same with any lead).
     host: Draw,
@@ -100,6 +105,7 @@ impl Physics {
             topo: topo.clone(),
             draw,
             host: Draw::new(scenario.seed, 7),
+            net: Draw::new(scenario.seed, 11),
             start,
             death: vec![INF; world],
             next_step: 0,
@@ -643,6 +649,44 @@ impl Physics {
         }
     }
 
+    /// Queue rank `src`'s sends to its peer on `comm` (`ranks`: both in the
+    /// communicator) for its node's agent, `nccl_proxy` only: `bytes` in chunks of
+    /// [`CHUNK_BYTES`], done by `end`, taking `wire` on the wire in all (the bytes at
+    /// [`NET_BYTES_PER_SEC`], at the pace of the slower end of the link) with a few
+    /// percent of noise,
+    /// and now and then congestion on the fabric (a step queued behind other traffic).
+    #[allow(clippy::too_many_arguments)]
+    fn send_link(
+        &mut self,
+        agents: &mut [Agent],
+        src: u32,
+        comm: u64,
+        (comm_rank, peer): (u32, u32),
+        end: f64,
+        bytes: u64,
+        wire: f64,
+    ) {
+        let mut busy = wire * (1.0 + 0.05 * self.net.normal().abs());
+        if self
+            .net
+            .chance((3.0 * self.scenario.noise.hiccup_prob).min(0.5))
+        {
+            busy *= self.net.uniform(1.5, 4.0);
+        }
+        agents[(src / self.topo.gpus_per_node) as usize]
+            .links
+            .push(PendingLink {
+                rank: src,
+                comm,
+                comm_rank,
+                peer,
+                at: end,
+                steps: bytes.div_ceil(CHUNK_BYTES).max(1),
+                bytes,
+                busy,
+            });
+    }
+
     /// When the host of rank `r` called an operation its GPU reaches at `at`: up to
     /// `job.host_lead_secs` before, never before the step began nor before its previous
     /// call (program order).
@@ -725,6 +769,22 @@ impl Physics {
             }
             if end.is_finite() {
                 self.last_completion = self.last_completion.max(end);
+            }
+            if end.is_finite() && c.spans_nodes && self.scenario.capture.sees_links() {
+                let ring: Vec<u32> = c.members().collect();
+                let n = ring.len();
+                // A ring all-reduce sends 2 (n - 1) / n of the payload to the next member.
+                let bytes = (2 * (n as u64 - 1) * kind.bytes()) / n as u64;
+                for (k, &m) in ring.iter().enumerate() {
+                    let next = ring[(k + 1) % n];
+                    let (from, to) = (m / gpn, next / gpn);
+                    if from != to {
+                        let lf = link[from as usize].max(link[to as usize]);
+                        let wire = bytes as f64 / NET_BYTES_PER_SEC * lf;
+                        let ranks = (k as u32, ((k + 1) % n) as u32);
+                        self.send_link(agents, m, c.hash, ranks, end, bytes, wire);
+                    }
+                }
             }
             for m in c.members() {
                 self.end[m as usize] = end;
@@ -819,6 +879,16 @@ impl Physics {
                     INF
                 }
             };
+            let group = self.topo.pp_comms[g].hash;
+            let sends_link = |this: &mut Self, agents: &mut [Agent], pr: &Pair, end: f64| {
+                if end.is_finite() && pr.spans_nodes && this.scenario.capture.sees_links() {
+                    let lf = link[pr.src as usize / gpn].max(link[pr.dst as usize / gpn]);
+                    let stages = (pr.src_stage, pr.dst_stage);
+                    let bytes = CommKind::Pp.bytes();
+                    let wire = bytes as f64 / NET_BYTES_PER_SEC * lf;
+                    this.send_link(agents, pr.src, group, stages, end, bytes, wire);
+                }
+            };
             for (s, pr) in fwd.iter().enumerate() {
                 let sender_ready = if s == 0 {
                     self.arrive[pr.src as usize]
@@ -827,6 +897,7 @@ impl Physics {
                 };
                 let recv_at = self.arrive[pr.dst as usize];
                 let end = transfer(self, pr.src, pr.dst, sender_ready, recv_at);
+                sends_link(self, agents, pr, end);
                 fwd_end[s] = end;
                 self.transfer_records(agents, pr, seq, sender_ready, recv_at, end);
             }
@@ -840,6 +911,7 @@ impl Physics {
                 };
                 let recv_at = fwd_end[s];
                 let end = transfer(self, pr.src, pr.dst, sender_ready, recv_at);
+                sends_link(self, agents, pr, end);
                 bwd_end[s] = end;
                 self.transfer_records(agents, pr, seq, sender_ready, recv_at, end);
             }
@@ -860,6 +932,13 @@ impl Physics {
         }
     }
 }
+
+/// What one rank's network link moves when healthy, bytes per second (200 Gb/s): the
+/// wire time of a send is its bytes at this pace, times the slower end's slowdown.
+pub const NET_BYTES_PER_SEC: f64 = 25e9;
+
+/// Bytes one proxy step moves (NCCL's default chunk on the network, 512 KiB).
+pub const CHUNK_BYTES: u64 = 512 << 10;
 
 /// Severity the agent gives an XID: its catalog's (`rules/xid.yaml`).
 pub fn xid_severity(code: u32) -> EventSeverity {

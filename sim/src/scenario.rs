@@ -248,28 +248,38 @@ pub enum Capture {
     /// `warden-nccl-profiler` at its default mask (`coll,p2p,proxyop`).
     #[default]
     Nccl,
+    /// `warden-nccl-profiler` with per-peer proxy-step timing
+    /// (`WARDEN_NCCL_PROFILER_MASK=default+proxystep`): the default mask's signals plus
+    /// each rank's send time per peer on the wire.
+    NcclProxy,
     /// `warden_torch`'s process-group capture.
     Torch,
 }
 
 impl Capture {
     /// Every path, in the order the suite runs them.
-    pub const ALL: [Capture; 2] = [Capture::Nccl, Capture::Torch];
+    pub const ALL: [Capture; 3] = [Capture::Nccl, Capture::NcclProxy, Capture::Torch];
 
     /// Its name in scenario files.
     pub fn label(self) -> &'static str {
         match self {
             Capture::Nccl => "nccl",
+            Capture::NcclProxy => "nccl_proxy",
             Capture::Torch => "torch",
         }
     }
 
-    /// Whether the path shows which link of a node is slow. Neither does today: the
-    /// plugin's transfer time runs from the proxy's first operation to its last, which
-    /// in a ring is paced by the slowest link for every member, and `warden_torch`
-    /// reports none. Per-peer proxy-step timing (`nccl_proxy`) is what would.
+    /// Whether the path shows which link of a node is slow: only per-peer proxy-step
+    /// timing does. The default mask's transfer time runs from the proxy's first
+    /// operation to its last, which in a ring is paced by the slowest link for every
+    /// member, and `warden_torch` reports none.
     pub fn sees_links(self) -> bool {
-        false
+        self == Capture::NcclProxy
+    }
+
+    /// Whether the path is the NCCL plugin (at any mask).
+    pub fn is_nccl(self) -> bool {
+        matches!(self, Capture::Nccl | Capture::NcclProxy)
     }
 }
 
@@ -610,17 +620,11 @@ impl Scenario {
         let capture = match capture_given.as_deref() {
             None | Some("nccl") => Capture::Nccl,
             Some("torch") => Capture::Torch,
-            Some("nccl_proxy") => {
-                c.fail(
-                    "capture",
-                    "nccl_proxy (per-peer proxy-step timing) is not captured by the NCCL plugin yet; use nccl or torch",
-                );
-                Capture::Nccl
-            }
+            Some("nccl_proxy") => Capture::NcclProxy,
             Some(other) => {
                 c.fail(
                     "capture",
-                    format!("{other:?} is not a capture path (nccl, torch)"),
+                    format!("{other:?} is not a capture path (nccl, nccl_proxy, torch)"),
                 );
                 Capture::Nccl
             }

@@ -118,7 +118,9 @@ impl Pair {
     fn new(group: &Comm, src: u32, dst: u32, capture: Capture, gpn: u32) -> Pair {
         let name = match capture {
             Capture::Torch => format!("pg:{}:p2p:{src}>{dst}", group.name),
-            Capture::Nccl => format!("nccl:{:016x}:p2p:{src}>{dst}", group.hash),
+            Capture::Nccl | Capture::NcclProxy => {
+                format!("nccl:{:016x}:p2p:{src}>{dst}", group.hash)
+            }
         };
         let (s, d) = (group.member(src), group.member(dst));
         Pair {

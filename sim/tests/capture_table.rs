@@ -6,7 +6,7 @@ use std::path::Path;
 
 use warden_engine::IncidentChange;
 use warden_model::Timestamp;
-use warden_model::wire::{Batch, CollOp, CollectiveEvent};
+use warden_model::wire::{Batch, CollOp, CollectiveEvent, LinkSample};
 use warden_sim::agent::{SEGMENT_POLL_SECS, TORCH_READ_SECS};
 use warden_sim::{Capture, RunOptions, Scenario, Simulation, Sink};
 
@@ -26,8 +26,9 @@ impl Sink for Recorder {
     }
 }
 
-/// The table between the `capture-table` markers: signal → (nccl cell, torch cell).
-fn table() -> HashMap<String, (String, String)> {
+/// The table between the `capture-table` markers: signal → its cells, one per path in
+/// [`Capture::ALL`]'s order.
+fn table() -> HashMap<String, Vec<String>> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/CAPTURE.md");
     let text = std::fs::read_to_string(&path).expect("docs/CAPTURE.md");
     let start = text.find("<!-- capture-table -->").expect("start marker");
@@ -39,8 +40,18 @@ fn table() -> HashMap<String, (String, String)> {
             .split(" | ")
             .map(|c| c.trim().to_owned())
             .collect();
-        if cells.len() == 3 && !cells[0].starts_with("---") && cells[0] != "signal" {
-            rows.insert(cells[0].clone(), (cells[1].clone(), cells[2].clone()));
+        if cells[0] == "signal" {
+            let paths: Vec<&str> = cells[1..]
+                .iter()
+                .map(|c| c.split('`').nth(1).unwrap_or(""))
+                .collect();
+            let want: Vec<&str> = Capture::ALL.iter().map(|c| c.label()).collect();
+            assert_eq!(paths, want, "the table's columns are the paths, in order");
+            continue;
+        }
+        if !cells[0].starts_with("---") {
+            assert_eq!(cells.len(), 1 + Capture::ALL.len(), "row {:?}", cells[0]);
+            rows.insert(cells[0].clone(), cells[1..].to_vec());
         }
     }
     for signal in [
@@ -49,6 +60,7 @@ fn table() -> HashMap<String, (String, String)> {
         "end inside a node",
         "transfer time across nodes",
         "transfer time inside a node",
+        "per-peer wire time",
         "read by the agent",
         "point-to-point",
         "exits",
@@ -59,12 +71,12 @@ fn table() -> HashMap<String, (String, String)> {
     rows
 }
 
-fn cell(rows: &HashMap<String, (String, String)>, signal: &str, c: Capture) -> String {
-    let (nccl, torch) = &rows[signal];
-    match c {
-        Capture::Nccl => nccl.clone(),
-        Capture::Torch => torch.clone(),
-    }
+fn cell(rows: &HashMap<String, Vec<String>>, signal: &str, c: Capture) -> String {
+    let i = Capture::ALL
+        .iter()
+        .position(|&x| x == c)
+        .expect("a path of ALL");
+    rows[signal][i].clone()
 }
 
 /// A small job with a pipeline across nodes and tensor parallelism inside them.
@@ -154,7 +166,7 @@ fn the_simulator_emits_what_the_capture_table_says() {
         // Read interval: the simulator's constants are the table's.
         let read = cell(&rows, "read by the agent", capture);
         let want = match capture {
-            Capture::Nccl => format!("every {} s", SEGMENT_POLL_SECS),
+            Capture::Nccl | Capture::NcclProxy => format!("every {} s", SEGMENT_POLL_SECS),
             Capture::Torch => format!("every {} ms", (TORCH_READ_SECS * 1e3).round()),
         };
         assert!(read.starts_with(&want), "{label}: {read:?} is not {want:?}");
@@ -184,6 +196,45 @@ fn the_simulator_emits_what_the_capture_table_says() {
             }
         }
         assert!(pairs > 0, "{label}: no point-to-point traffic");
+        // Per-peer wire time: totals per (communicator, sender, receiver) that never go
+        // down, only on edges between nodes.
+        let wire = cell(&rows, "per-peer wire time", capture);
+        let samples: Vec<&LinkSample> = batches
+            .iter()
+            .flat_map(|b| b.jobs.iter().flat_map(|j| j.links.iter()))
+            .collect();
+        assert_eq!(
+            samples.is_empty(),
+            wire == "none",
+            "{label}: per-peer wire time"
+        );
+        let mut comm_ranks: HashMap<(u64, u32), u32> = HashMap::new();
+        for b in &batches {
+            for j in &b.jobs {
+                for c in &j.comms {
+                    comm_ranks.insert((c.comm, c.comm_rank), c.rank);
+                }
+                for l in &j.links {
+                    comm_ranks.insert((l.comm, l.comm_rank), l.rank);
+                }
+            }
+        }
+        let mut last: HashMap<(u64, u32, u32), (u64, u64, u64)> = HashMap::new();
+        for l in &samples {
+            let dst = comm_ranks[&(l.comm, l.peer)];
+            assert_ne!(
+                node_of[&l.rank], node_of[&dst],
+                "{label}: an edge inside a node"
+            );
+            let now = (l.steps, l.bytes, l.busy_ns);
+            let before = last
+                .insert((l.comm, l.rank, l.peer), now)
+                .unwrap_or_default();
+            assert!(
+                now.0 > before.0 && now.1 > before.1 && now.2 > before.2,
+                "{label}: totals that did not grow"
+            );
+        }
         // Links.
         let links = cell(&rows, "slow link localized", capture);
         assert_eq!(links == "yes", capture.sees_links(), "{label}");

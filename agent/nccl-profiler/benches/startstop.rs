@@ -7,7 +7,10 @@
 //! two ProxyOp children per collective (the default mask's completion path), a p2p
 //! send's start+stop (numbered per peer and direction: sends to eight peers in turn), and, for
 //! reading the numbers against the machine's state, one CLOCK_REALTIME read (a pair
-//! takes two) measured the same way in the same run.
+//! takes two) measured the same way in the same run. Then, on a second communicator
+//! under `default+proxystep`, one timed send ProxyStep: its start, the three state
+//! records NCCL makes (SendGPUWait, SendPeerWait, SendWait with the bytes) and its
+//! stop, per step, under send ProxyOps to four peers in turn.
 #![allow(unsafe_code)] // the entry points are C function pointers
 
 #[path = "../tests/common/mod.rs"]
@@ -17,7 +20,10 @@ mod counting;
 
 use std::time::Instant;
 
-use common::{Comm, allreduce, my_pid, proxy_op, send, stop};
+use common::{
+    Comm, allreduce, my_pid, proxy_op, proxy_op_to, proxy_step, record, record_trans, send, stop,
+};
+use warden_nccl_profiler::abi::state;
 use warden_nccl_profiler::shm::now_ns;
 
 #[global_allocator]
@@ -105,13 +111,53 @@ fn main() {
     }
     std::hint::black_box(sink);
 
+    // ProxySteps under `default+proxystep`: one collective holds send ops to four peers
+    // (a batch of steps per op, then a new op), as a ring's proxy thread does.
+    let t = Comm::init_with_mask(0x3002, 0, Some("default+proxystep"));
+    let mut tcoll = allreduce(0, 1 << 20);
+    let parent = t.start(&mut tcoll);
+    stop(parent);
+    let mut timed = Vec::with_capacity(BATCHES);
+    let mut steps_done = 0u64;
+    let before_steps = counting::allocations();
+    for b in 0..BATCHES + BATCHES / 10 {
+        // One op per batch, opened and closed outside the timed loop.
+        let op = t.start(&mut proxy_op_to(parent, pid, true, (b % 4) as i32 + 1));
+        let begin = Instant::now();
+        for i in 0..BATCH {
+            let h = t.start(&mut proxy_step(op, i as i32));
+            record(h, state::PROXY_STEP_SEND_GPU_WAIT);
+            record(h, state::PROXY_STEP_SEND_PEER_WAIT);
+            record_trans(h, state::PROXY_STEP_SEND_WAIT, 1 << 19);
+            stop(h);
+        }
+        let per_step = begin.elapsed().as_nanos() as f64 / BATCH as f64;
+        stop(op);
+        steps_done += BATCH;
+        // The first tenth warms up.
+        if b >= BATCHES / 10 {
+            timed.push(per_step);
+        }
+    }
+    let allocs_steps = counting::allocations() - before_steps;
+
     let median = report("Coll start+stop", plain);
     report("Coll start+stop with 2 ProxyOp children", children);
     report("P2p send start+stop (8 peers in turn)", p2p);
     report("reference: one CLOCK_REALTIME read", clock);
+    report("ProxyStep start+3 states+stop (proxystep)", timed);
     println!(
-        "allocations during the measured loops: {allocs} (plain), {allocs_children} (with children), {allocs_p2p} (p2p)"
+        "allocations during the measured loops: {allocs} (plain), {allocs_children} (with children), {allocs_p2p} (p2p), {allocs_steps} (proxy steps)"
     );
+    let ts = t.read();
+    let timed_steps: u64 = ts.links.iter().map(|l| l.steps).sum();
+    println!(
+        "proxystep segment: {} links, {timed_steps} of {steps_done} steps timed, {} overflow",
+        ts.links.len(),
+        ts.counters.link_overflow
+    );
+    assert_eq!(timed_steps, steps_done, "every step was timed");
+    t.finalize();
     let s = c.read();
     println!(
         "segment: {} started, {} completed, {} dropped events, {} dropped writes",
@@ -122,7 +168,7 @@ fn main() {
     );
     c.finalize();
     assert_eq!(
-        allocs + allocs_children + allocs_p2p,
+        allocs + allocs_children + allocs_p2p + allocs_steps,
         0,
         "the event path allocated"
     );

@@ -46,10 +46,34 @@ pub mod event {
     pub const KNOWN: u64 = (1 << 15) - 1;
 }
 
-/// Event states (`ncclProfilerEventState_t`) this plugin looks at.
+/// Event states (`ncclProfilerEventState_t`, the same numbers in v4, v5 and v6).
 pub mod state {
     /// `ncclProfilerProxyOpInProgress_v4`: a proxy operation began moving data.
     pub const PROXY_OP_IN_PROGRESS: i32 = 19;
+    /// `ncclProfilerProxyStepSendGPUWait`: a send step waits for the GPU to fill its
+    /// buffer (recorded right after the step's start).
+    pub const PROXY_STEP_SEND_GPU_WAIT: i32 = 8;
+    /// `ncclProfilerProxyStepSendPeerWait_v4`: the data is ready; waiting for the
+    /// receiver to accept it.
+    pub const PROXY_STEP_SEND_PEER_WAIT: i32 = 20;
+    /// `ncclProfilerProxyStepSendWait`: the network send is posted; the step waits for
+    /// the network to say it is done. Its arguments carry `proxyStep.transSize`.
+    pub const PROXY_STEP_SEND_WAIT: i32 = 9;
+    /// `ncclProfilerProxyStepRecvWait`: a receive step waits for data.
+    pub const PROXY_STEP_RECV_WAIT: i32 = 10;
+    /// `ncclProfilerProxyStepRecvFlushWait`: received; waiting for the flush.
+    pub const PROXY_STEP_RECV_FLUSH_WAIT: i32 = 11;
+    /// `ncclProfilerProxyStepRecvGPUWait`: waiting for the GPU to consume the data.
+    pub const PROXY_STEP_RECV_GPU_WAIT: i32 = 12;
+}
+
+/// `proxyStep` of the state-argument union `ncclProfilerEventStateArgs_v4_t` (v5 and
+/// v6 use the same union): its first member, at offset 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProxyStepStateArgs {
+    /// Bytes the step sends (with [`state::PROXY_STEP_SEND_WAIT`]).
+    pub transSize: usize,
 }
 
 // ---------------------------------------------------------------------------------

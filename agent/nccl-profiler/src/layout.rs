@@ -9,28 +9,42 @@
 //! 384     264     coll        Progress: last started / enqueued / completed collective
 //! 648     264     p2p         Progress: the same for point-to-point operations
 //! 912     22528   ring        RING_LEN Records of recent events, oldest overwritten
-//! 23440           end; the file is SEGMENT_SIZE bytes (rounded up to pages)
+//! 23440   1024    links       LINK_SLOTS Links: per-peer send-step network time (v2)
+//! 24464           end; the file is SEGMENT_SIZE (24576) bytes (rounded up to pages)
 //! ```
+//!
+//! Version 1 ended at 23440 (no link table; the file was already 24576 bytes, zeros
+//! after the ring); version 2 added the link table in that spare space and took the
+//! first reserved counter for `link_overflow`. The reader accepts both.
 //!
 //! Every [`Record`] is guarded by its first and last words, `head` and `tail`. A writer
 //! claims the record by moving `tail` from `head` to `head + 1`, writes the fields, and
 //! publishes by setting `head` to the same value. A copy of the record (made front to
 //! back, as `read(2)` of the file does) is consistent when `head == tail != 0`; a copy
 //! taken while a write is under way has `head != tail` and is retried.
+//!
+//! A [`Link`] is not a record: its words are cumulative counters, each changed by its
+//! own atomic add (the key once, by compare-exchange from 0), so a copy may count a
+//! step in `send_steps` whose bytes or time are not added yet. Readers use differences
+//! over intervals much longer than one step.
 #![deny(unsafe_code)]
 
 use std::mem::{offset_of, size_of};
 
 /// First bytes of every segment.
 pub const MAGIC: [u8; 8] = *b"WRDNNCCL";
-/// Version of this layout; a reader refuses other versions.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Version of this layout, written by the plugin.
+pub const LAYOUT_VERSION: u32 = 2;
+/// The oldest layout version the reader accepts (1: no link table).
+pub const MIN_LAYOUT_VERSION: u32 = 1;
 /// Entries in the ring of recent events.
 pub const RING_LEN: usize = 256;
 /// Bytes of the job id field (NUL-padded, truncated at a UTF-8 boundary).
 pub const JOB_ID_LEN: usize = 64;
 /// Bytes of the communicator name field (NUL-padded, truncated).
 pub const COMM_NAME_LEN: usize = 64;
+/// Entries in the table of network links (peers this rank sends to), version 2.
+pub const LINK_SLOTS: usize = 32;
 
 /// [`Header::state`]: the plugin is recording.
 pub const STATE_LIVE: u32 = 1;
@@ -112,7 +126,11 @@ pub struct Counters {
     pub dropped_writes: u64,
     /// Events written to the ring so far; the next one goes to `ring_head % RING_LEN`.
     pub ring_head: u64,
-    pub _reserved: [u64; 6],
+    /// ProxyStep timing (mask `proxystep`) lost: send steps whose peer found no free
+    /// [`Link`] entry (or had no valid rank), and send ProxyOps that got no step record
+    /// because the pool was exhausted. Version 2; reserved (0) in version 1.
+    pub link_overflow: u64,
+    pub _reserved: [u64; 5],
 }
 
 /// One event, or the latest of a kind. See the module docs for `head`/`tail`.
@@ -158,6 +176,24 @@ pub struct Progress {
     pub completed: Record,
 }
 
+/// Cumulative network time of this rank's send steps to one peer (mask `proxystep`):
+/// for each ProxyStep of a send ProxyOp to the peer that reached SendWait (data handed
+/// to the network), the time from SendWait to the step's stop (the network said done).
+/// Each word is a counter of its own, changed with atomic adds (see the module docs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Link {
+    /// The peer's rank in the communicator plus 1; 0 while the entry is free. Claimed
+    /// once with compare-exchange, never changed after.
+    pub peer_key: u64,
+    /// Send steps timed.
+    pub send_steps: u64,
+    /// Bytes those steps sent (NCCL's `transSize`).
+    pub send_bytes: u64,
+    /// Sum of their SendWait-to-stop times, ns (CLOCK_MONOTONIC).
+    pub send_ns: u64,
+}
+
 /// The whole segment.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -167,10 +203,14 @@ pub struct Segment {
     pub coll: Progress,
     pub p2p: Progress,
     pub ring: [Record; RING_LEN],
+    pub links: [Link; LINK_SLOTS],
 }
 
 /// Bytes of the segment file: [`Segment`] rounded up to 4 KiB pages.
 pub const SEGMENT_SIZE: usize = size_of::<Segment>().div_ceil(4096) * 4096;
+
+/// Bytes a version-1 segment needs (it ended with the ring).
+pub const SEGMENT_V1_END: usize = off::LINKS;
 
 /// Byte offsets in the file.
 pub mod off {
@@ -181,6 +221,7 @@ pub mod off {
     pub const COLL: usize = offset_of!(Segment, coll);
     pub const P2P: usize = offset_of!(Segment, p2p);
     pub const RING: usize = offset_of!(Segment, ring);
+    pub const LINKS: usize = offset_of!(Segment, links);
 
     pub const MAGIC: usize = HEADER + offset_of!(Header, magic);
     pub const STATE: usize = HEADER + offset_of!(Header, state);
@@ -197,6 +238,17 @@ pub mod off {
         RING + (i % RING_LEN as u64) as usize * size_of::<Record>()
     }
 
+    /// Offset of link table entry `i` (taken modulo [`LINK_SLOTS`]).
+    pub const fn link_entry(i: usize) -> usize {
+        LINKS + (i % LINK_SLOTS) * size_of::<Link>()
+    }
+
+    /// Field offsets within a [`Link`].
+    pub const L_KEY: usize = offset_of!(Link, peer_key);
+    pub const L_STEPS: usize = offset_of!(Link, send_steps);
+    pub const L_BYTES: usize = offset_of!(Link, send_bytes);
+    pub const L_NS: usize = offset_of!(Link, send_ns);
+
     /// Offset of a counter, from its field offset in [`Counters`].
     pub const fn counter(field: usize) -> usize {
         COUNTERS + field
@@ -212,6 +264,7 @@ pub mod off {
     pub const C_DROPPED_EVENTS: usize = counter(offset_of!(Counters, dropped_events));
     pub const C_DROPPED_WRITES: usize = counter(offset_of!(Counters, dropped_writes));
     pub const C_RING_HEAD: usize = counter(offset_of!(Counters, ring_head));
+    pub const C_LINK_OVERFLOW: usize = counter(offset_of!(Counters, link_overflow));
 
     /// Field offsets within a [`Record`].
     pub const R_HEAD: usize = offset_of!(Record, head);
@@ -345,8 +398,14 @@ const _: () = {
     assert!(off::COLL == 384);
     assert!(off::P2P == 648);
     assert!(off::RING == 912);
-    assert!(size_of::<Segment>() == 912 + RING_LEN * 88);
+    assert!(off::LINKS == 912 + RING_LEN * 88);
+    assert!(off::LINKS == 23440 && SEGMENT_V1_END == 23440);
+    assert!(size_of::<Link>() == 32);
+    assert!(size_of::<Segment>() == 23440 + LINK_SLOTS * 32);
     assert!(SEGMENT_SIZE == 24576);
+    assert!(offset_of!(Counters, link_overflow) == 80);
+    assert!(off::C_LINK_OVERFLOW == 336);
+    assert!(off::L_KEY == 0 && off::L_STEPS == 8 && off::L_BYTES == 16 && off::L_NS == 24);
     assert!(off::R_HEAD == 0);
     assert!(off::R_TAIL == 80);
     assert!(offset_of!(Header, job_id) == 128);
@@ -357,6 +416,7 @@ const _: () = {
         off::COUNTERS.is_multiple_of(8)
             && off::COLL.is_multiple_of(8)
             && off::RING.is_multiple_of(8)
+            && off::LINKS.is_multiple_of(8)
     );
     assert!(off::STATE.is_multiple_of(4) && off::FINISHED_NS.is_multiple_of(8));
 };
@@ -364,6 +424,20 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_link_table_sits_after_the_ring_inside_the_same_file_size() {
+        assert_eq!(off::LINKS, 23440);
+        assert_eq!(off::link_entry(0), 23440);
+        assert_eq!(off::link_entry(1), 23472);
+        assert_eq!(off::link_entry(LINK_SLOTS - 1), 23440 + 31 * 32);
+        assert_eq!(off::link_entry(LINK_SLOTS), off::link_entry(0));
+        assert_eq!(off::link_entry(LINK_SLOTS - 1) + size_of::<Link>(), 24464);
+        assert_eq!(SEGMENT_SIZE, 24576);
+        assert_eq!(off::C_LINK_OVERFLOW, 256 + 80);
+        assert_eq!(off::C_RING_HEAD + 8, off::C_LINK_OVERFLOW);
+        assert_eq!(LAYOUT_VERSION, 2);
+    }
 
     #[test]
     fn info_round_trips_negative_peers_and_every_byte() {

@@ -51,9 +51,28 @@
 //! reader falls back to "enqueued". KernelCh events show completion of every
 //! operation, but NCCL adds proxy work for every collective to produce them (10.5%
 //! overhead in one release), so they are opt-in: `WARDEN_NCCL_PROFILER_MASK=default+kernelch`.
-//! Deeper levels (ProxyStep, NetPlugin, the API events) can be switched on the same way;
-//! the plugin hands back null handles for types it does not follow, which NCCL accepts.
-//! `recordEventState` is accepted and ignored: none of the above needs it.
+//! Deeper levels (NetPlugin, the API events) can be switched on the same way; the
+//! plugin hands back null handles for types it does not follow, which NCCL accepts.
+//!
+//! # Per-peer link timing: `proxystep` (opt-in)
+//!
+//! `xfer_ns` is paced by the slowest link of a ring, so it cannot say which link is
+//! slow. With `WARDEN_NCCL_PROFILER_MASK=default+proxystep` the plugin also follows
+//! NCCL's ProxyStep events of **send** ProxyOps: each such op gets a step record from a
+//! per-communicator pool made at init (its handle is the record's address, tagged in
+//! the low bits as the other child handles are; a step's handle carries the step's
+//! index, `step % 8`, in its tag, since stopEvent and recordEventState get no context).
+//! `recordEventState(step, SendWait, args)` stamps the step and keeps
+//! `args->proxyStep.transSize`; the step's stop adds one step, those bytes and the
+//! time since SendWait to the segment's link entry for the op's peer
+//! ([`segment::LinkTotals`]). That is this rank's send time on the edge to the peer:
+//! from handing the data to the network until the network said done, including any
+//! queueing behind earlier steps on the same connection. Receive steps are not used
+//! (their waits include waiting for upstream data) and their ops keep plain handles.
+//! When the pool is exhausted an op runs untimed as before, and the loss is counted
+//! (`link_overflow`), as are steps whose peer finds the 32-entry table full.
+//! Completion and `xfer_ns` work as without it. `recordEventState` is ignored for
+//! every other handle and state.
 //!
 //! # Failing open
 //!
@@ -80,11 +99,13 @@
 //! (magic `WRDNNCCL`, layout version, pid, ranks, job id, comm hash and name, nranks,
 //! comm rank, nodes, start time, finished flag), counters (started, completed,
 //! dropped, …), the last started / enqueued / completed record for collectives and
-//! for p2p operations, and a ring of the 256 most recent events. Each record is guarded
+//! for p2p operations, a ring of the 256 most recent events, and (layout version 2)
+//! the table of 32 per-peer link entries. Each record is guarded
 //! by a head and a tail word (a per-record seqlock). [`segment::parse`] reads a copy of
 //! the file; [`segment::read_retrying`] trusts a record only when two consecutive
 //! copies agree on it (see [`segment`] for why one copy is not enough), rereading a
-//! few times before it reports what is consistent.
+//! few times before it reports what is consistent. The reader accepts layout versions
+//! 1 (no link table) and 2.
 //!
 //! `#![allow(unsafe_code)]`: this crate is an FFI boundary — NCCL calls it through C
 //! function pointers with raw pointers, and it maps shared memory. Each `unsafe` block

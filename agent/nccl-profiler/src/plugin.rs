@@ -8,10 +8,13 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 
-use crate::abi::{self, DescrV4, DescrV5, DescrV6, NCCL_SUCCESS, NcclLogger, NcclResult, event};
+use crate::abi::{
+    self, DescrV4, DescrV5, DescrV6, NCCL_SUCCESS, NcclLogger, NcclResult, ProxyStepStateArgs,
+    event,
+};
 use crate::config::Config;
 use crate::layout::{self, datatype_size, op};
-use crate::shm::{self, CommIdentity, Context, Slot, TaskStart};
+use crate::shm::{self, CommIdentity, Context, OpRecord, STEP_SLOTS, Slot, TaskStart};
 
 /// Set after a panic inside the plugin: from then on every entry returns at once.
 static POISONED: AtomicBool = AtomicBool::new(false);
@@ -23,8 +26,19 @@ static PID: AtomicI32 = AtomicI32::new(0);
 const TAG_PROXY: usize = 1;
 /// Handle tag of a KernelCh child.
 const TAG_KERNEL: usize = 2;
-/// Slots are 64-byte aligned, so the low 6 bits of a handle are free for the tag.
+/// Handle tag of a send ProxyOp with a step record (mask `proxystep`): the address is
+/// the [`OpRecord`]'s, not the slot's.
+const TAG_OP: usize = 3;
+/// Handle tags of a ProxyStep: `TAG_STEP + step % STEP_SLOTS` on its op's record
+/// address (8 to 15).
+const TAG_STEP: usize = 8;
+/// Slots and step records are 64-byte aligned, so the low 6 bits of a handle are free
+/// for the tag.
 const TAG_MASK: usize = 63;
+
+const _: () = assert!(STEP_SLOTS.is_power_of_two() && TAG_STEP.is_multiple_of(STEP_SLOTS));
+const _: () = assert!(TAG_STEP > TAG_OP && TAG_STEP + STEP_SLOTS <= TAG_MASK + 1);
+const _: () = assert!(align_of::<Slot>() > TAG_MASK && align_of::<OpRecord>() > TAG_MASK);
 
 /// Run `f` unless poisoned; a panic poisons the plugin instead of unwinding into NCCL.
 #[inline]
@@ -43,14 +57,18 @@ pub enum Start {
     /// A collective or p2p operation.
     Task(TaskStart),
     /// A ProxyOp (`proxy`) or KernelCh event under `parent`; `pid` is the posting
-    /// process for ProxyOps.
+    /// process for ProxyOps, `peer` and `is_send` their remote rank and direction.
     Child {
         parent: *mut c_void,
         proxy: bool,
         pid: Option<i32>,
+        peer: i32,
+        is_send: bool,
     },
-    /// A type NCCL defines that this plugin does not follow (group, API, proxy step,
-    /// net plugin, copy-engine events).
+    /// A ProxyStep under the ProxyOp handle `parent` (followed with mask `proxystep`).
+    Step { parent: *mut c_void, step: i32 },
+    /// A type NCCL defines that this plugin does not follow (group, API, net plugin,
+    /// copy-engine events).
     Untracked,
     /// A type this plugin has never heard of.
     Unknown,
@@ -202,15 +220,26 @@ macro_rules! decode_descriptor {
                     p.peer,
                 )
             }
-            event::PROXY_OP => Start::Child {
+            event::PROXY_OP => {
+                let o = (*d).u.proxyOp;
+                Start::Child {
+                    parent: (*d).parentObj,
+                    proxy: true,
+                    pid: Some(o.pid),
+                    peer: o.peer,
+                    is_send: o.isSend != 0,
+                }
+            }
+            event::PROXY_STEP => Start::Step {
                 parent: (*d).parentObj,
-                proxy: true,
-                pid: Some((*d).u.proxyOp.pid),
+                step: (*d).u.proxyStep.step,
             },
             event::KERNEL_CH => Start::Child {
                 parent: (*d).parentObj,
                 proxy: false,
                 pid: None,
+                peer: -1,
+                is_send: false,
             },
             _ => other(ty),
         }
@@ -263,7 +292,13 @@ fn start(ctx: *mut c_void, start: Start) -> *mut c_void {
         Start::Task(t) => ctx
             .start_task(&t)
             .map_or(ptr::null_mut(), |s| ptr::from_ref(s).cast_mut().cast()),
-        Start::Child { parent, proxy, pid } => {
+        Start::Child {
+            parent,
+            proxy,
+            pid,
+            peer,
+            is_send,
+        } => {
             if pid.is_some_and(|p| p != PID.load(Ordering::Relaxed)) {
                 // PXN: posted by another process; `parent` is its address, not ours.
                 shm::count_unattributed(ctx, true);
@@ -276,9 +311,29 @@ fn start(ctx: *mut c_void, start: Start) -> *mut c_void {
             }
             // SAFETY: `owns` checked that `parent` is the address of one of ctx's slots.
             let slot: &'static Slot = unsafe { &*parent.cast::<Slot>() };
+            if proxy
+                && is_send
+                && ctx.steps_enabled()
+                && let Some(rec) = ctx.start_op(slot, peer)
+            {
+                return (ptr::from_ref(rec) as usize | TAG_OP) as *mut c_void;
+            }
             shm::start_child(slot, proxy);
             let tag = if proxy { TAG_PROXY } else { TAG_KERNEL };
             (parent as usize | tag) as *mut c_void
+        }
+        Start::Step { parent, step } => {
+            // Only steps of ops with a step record are followed: receive ops, ops of
+            // a communicator without `proxystep`, ops that found the pool exhausted
+            // and ops not recorded at all get null step handles.
+            let addr = parent as usize & !TAG_MASK;
+            if parent as usize & TAG_MASK != TAG_OP || !ctx.owns_op(addr as *const c_void) {
+                return ptr::null_mut();
+            }
+            // SAFETY: `owns_op` checked that `addr` is one of ctx's step records.
+            let rec: &'static OpRecord = unsafe { &*(addr as *const OpRecord) };
+            let i = shm::start_step(rec, step);
+            (addr | TAG_STEP | i) as *mut c_void
         }
         Start::Untracked => ptr::null_mut(),
         Start::Unknown => {
@@ -343,27 +398,74 @@ pub unsafe extern "C" fn stop_event(handle: *mut c_void) -> NcclResult {
     }
     guard(|| {
         let tag = handle as usize & TAG_MASK;
-        let slot_addr = (handle as usize & !TAG_MASK) as *const Slot;
-        // SAFETY: handles are slot addresses (plus a tag) from `start`; slots live in
-        // leaked contexts, so they are valid for 'static.
-        let slot: &'static Slot = unsafe { &*slot_addr };
+        let addr = handle as usize & !TAG_MASK;
+        let slot = || {
+            // SAFETY: handles with tags 0 to 2 are slot addresses (plus the tag) from
+            // `start`; slots live in leaked contexts, so they are valid for 'static.
+            let slot: &'static Slot = unsafe { &*(addr as *const Slot) };
+            slot
+        };
         match tag {
-            0 => shm::stop_task(slot),
-            TAG_PROXY => shm::stop_child(slot, true),
-            TAG_KERNEL => shm::stop_child(slot, false),
+            0 => shm::stop_task(slot()),
+            TAG_PROXY => shm::stop_child(slot(), true),
+            TAG_KERNEL => shm::stop_child(slot(), false),
+            // SAFETY: a handle tagged TAG_OP is a step record's address (see op_record).
+            TAG_OP => shm::stop_op(unsafe { op_record(addr) }),
+            t if t & !(STEP_SLOTS - 1) == TAG_STEP => {
+                // SAFETY: a handle tagged TAG_STEP.. is a step record's address.
+                shm::stop_step(unsafe { op_record(addr) }, t - TAG_STEP);
+            }
             _ => {}
         }
     });
     NCCL_SUCCESS
 }
 
-/// `recordEventState`: nothing this plugin records depends on state transitions (see
-/// the crate docs); the arguments are never read, so any pointers are fine.
-pub extern "C" fn record_event_state(
-    _handle: *mut c_void,
-    _state: c_int,
-    _args: *mut c_void,
+/// The step record at `addr`, from a handle tagged [`TAG_OP`] or [`TAG_STEP`].
+///
+/// # Safety
+/// `addr` is the untagged address of a handle with one of those tags that `start`
+/// returned: it hands them out only on addresses `owns_op` confirmed to be a step
+/// record of a context.
+#[inline]
+unsafe fn op_record(addr: usize) -> &'static OpRecord {
+    // SAFETY: per the caller, a step record; pools live in leaked contexts and are
+    // never freed (a context's pool, once made, stays), so it is valid for 'static.
+    unsafe { &*(addr as *const OpRecord) }
+}
+
+/// `recordEventState`: only ProxyStep handles' SendWait is used (with mask
+/// `proxystep`): it stamps the step and reads `proxyStep.transSize` from `args`. Every
+/// other handle and state returns at once, without reading `args`.
+///
+/// # Safety
+/// `handle` is null or a handle this plugin's startEvent returned; `args` is null or
+/// NCCL's state-argument union (`ncclProfilerEventStateArgs_v4_t` or later).
+pub unsafe extern "C" fn record_event_state(
+    handle: *mut c_void,
+    state: c_int,
+    args: *mut c_void,
 ) -> NcclResult {
+    let tag = handle as usize & TAG_MASK;
+    if handle.is_null() || tag & !(STEP_SLOTS - 1) != TAG_STEP {
+        return NCCL_SUCCESS;
+    }
+    if state != abi::state::PROXY_STEP_SEND_WAIT {
+        return NCCL_SUCCESS;
+    }
+    guard(|| {
+        let trans_size = if args.is_null() {
+            0
+        } else {
+            // SAFETY: NCCL passes its state-argument union, whose `proxyStep.transSize`
+            // (a size_t) is at offset 0 and is the member SendWait fills; unaligned
+            // read in case a caller's buffer is not 8-aligned.
+            unsafe { ptr::read_unaligned(args.cast::<ProxyStepStateArgs>()) }.transSize
+        };
+        // SAFETY: the handle's tag is TAG_STEP.. (checked above).
+        let rec = unsafe { op_record(handle as usize & !TAG_MASK) };
+        shm::record_step(rec, tag - TAG_STEP, state, trans_size);
+    });
     NCCL_SUCCESS
 }
 

@@ -11,13 +11,17 @@
 //! known to be stopped); [`parse_confirmed`] checks two copies; [`read_retrying`] reads
 //! copies until every record is confirmed or the attempts run out, and then reports
 //! what was confirmed.
+//!
+//! The link table (layout version 2, [`Snapshot::links`]) is cumulative counters, not
+//! records: it is taken from the final copy as it is. Version-1 segments (no table)
+//! read with no links.
 #![deny(unsafe_code)]
 
 use std::mem::{offset_of, size_of};
 
 use crate::layout::{
-    self, COMM_NAME_LEN, Counters as RawCounters, Header, Info, JOB_ID_LEN, LAYOUT_VERSION, MAGIC,
-    RING_LEN, off,
+    self, COMM_NAME_LEN, Counters as RawCounters, Header, Info, JOB_ID_LEN, LAYOUT_VERSION,
+    LINK_SLOTS, MAGIC, MIN_LAYOUT_VERSION, RING_LEN, off,
 };
 
 /// Why bytes are not a segment (yet).
@@ -33,7 +37,9 @@ pub enum SegmentError {
     #[error("not a Warden NCCL segment (bad magic)")]
     BadMagic,
     /// Written by a plugin with another layout.
-    #[error("segment layout version {found}, this reader knows {LAYOUT_VERSION}")]
+    #[error(
+        "segment layout version {found}, this reader knows {MIN_LAYOUT_VERSION} to {LAYOUT_VERSION}"
+    )]
     Version { found: u32 },
     /// The header contradicts itself.
     #[error("segment header is inconsistent: {0}")]
@@ -112,6 +118,24 @@ pub struct Counters {
     pub dropped_events: u64,
     pub dropped_writes: u64,
     pub ring_head: u64,
+    /// ProxyStep timing lost: send steps whose peer found no free link entry, and send
+    /// ProxyOps that got no step record (pool exhausted). 0 in version-1 segments.
+    pub link_overflow: u64,
+}
+
+/// Cumulative network time of this rank's send steps to one peer, since the
+/// communicator's init (mask `proxystep`; see `layout::Link`). `busy_ns / bytes` is
+/// the time per byte on this rank's edge to `peer`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkTotals {
+    /// The peer's rank in the communicator.
+    pub peer: u32,
+    /// Send steps timed.
+    pub steps: u64,
+    /// Bytes they sent.
+    pub bytes: u64,
+    /// Sum of their SendWait-to-stop times, ns.
+    pub busy_ns: u64,
 }
 
 /// Everything a segment says.
@@ -140,6 +164,9 @@ pub struct Snapshot {
     pub p2p: Progress,
     /// Recent events, oldest first (consistent entries only).
     pub recent: Vec<Event>,
+    /// Per-peer send-step network time, in table order (claimed entries only; empty
+    /// without mask `proxystep` and in version-1 segments).
+    pub links: Vec<LinkTotals>,
     /// Records the (final) copy could not confirm: a write was under way. "Last"
     /// records may still be filled from an earlier confirmed copy by [`read_retrying`].
     pub torn: u32,
@@ -251,9 +278,15 @@ fn parse_with(bytes: &[u8], earlier: Option<&[u8]>) -> Result<Snapshot, SegmentE
         return Err(SegmentError::BadMagic);
     }
     let version = u32_at(bytes, h + offset_of!(Header, layout_version));
-    if version != LAYOUT_VERSION {
+    if !(MIN_LAYOUT_VERSION..=LAYOUT_VERSION).contains(&version) {
         return Err(SegmentError::Version { found: version });
     }
+    let has_links = version >= 2;
+    let need = if has_links {
+        need
+    } else {
+        layout::SEGMENT_V1_END
+    };
     if bytes.len() < need {
         return Err(SegmentError::TooShort {
             len: bytes.len(),
@@ -277,7 +310,13 @@ fn parse_with(bytes: &[u8], earlier: Option<&[u8]>) -> Result<Snapshot, SegmentE
         dropped_events: c(offset_of!(RawCounters, dropped_events)),
         dropped_writes: c(offset_of!(RawCounters, dropped_writes)),
         ring_head: c(offset_of!(RawCounters, ring_head)),
+        link_overflow: if has_links {
+            c(offset_of!(RawCounters, link_overflow))
+        } else {
+            0
+        },
     };
+    let links = if has_links { links(bytes) } else { Vec::new() };
     let mut torn = 0;
     let mut take = |at: usize| {
         record(bytes, earlier, at).unwrap_or_else(|()| {
@@ -318,8 +357,27 @@ fn parse_with(bytes: &[u8], earlier: Option<&[u8]>) -> Result<Snapshot, SegmentE
         coll,
         p2p,
         recent,
+        links,
         torn,
     })
+}
+
+/// The claimed entries of the link table; an entry whose key is not a rank + 1 (a
+/// corrupt file) is left out.
+fn links(b: &[u8]) -> Vec<LinkTotals> {
+    (0..LINK_SLOTS)
+        .filter_map(|i| {
+            let at = off::link_entry(i);
+            let key = u64_at(b, at + off::L_KEY);
+            let peer = u32::try_from(key.checked_sub(1)?).ok()?;
+            Some(LinkTotals {
+                peer,
+                steps: u64_at(b, at + off::L_STEPS),
+                bytes: u64_at(b, at + off::L_BYTES),
+                busy_ns: u64_at(b, at + off::L_NS),
+            })
+        })
+        .collect()
 }
 
 /// Copies [`read_retrying`] makes at most.
@@ -485,6 +543,91 @@ mod tests {
         assert_eq!(s.coll.started.map(|e| e.seq), Some(9));
         assert_eq!(s.coll.completed.map(|e| e.seq), Some(8));
         assert_eq!(s.torn, 1, "torn counts what the final pair did not confirm");
+    }
+
+    fn put_link(b: &mut [u8], i: usize, key: u64, steps: u64, bytes: u64, ns: u64) {
+        let at = off::link_entry(i);
+        for (f, v) in [
+            (off::L_KEY, key),
+            (off::L_STEPS, steps),
+            (off::L_BYTES, bytes),
+            (off::L_NS, ns),
+        ] {
+            b[at + f..][..8].copy_from_slice(&v.to_ne_bytes());
+        }
+    }
+
+    #[test]
+    fn claimed_link_entries_come_back_by_peer() {
+        let mut b = blank();
+        put_link(&mut b, 3, 4, 10, 40960, 7000);
+        put_link(&mut b, 0, 1, 2, 8192, 900);
+        // A key that is no rank + 1: left out, no panic.
+        put_link(&mut b, 5, u64::MAX, 1, 1, 1);
+        b[off::C_LINK_OVERFLOW..][..8].copy_from_slice(&6u64.to_ne_bytes());
+        let s = parse(&b).expect("parses");
+        assert_eq!(
+            s.links,
+            vec![
+                LinkTotals {
+                    peer: 0,
+                    steps: 2,
+                    bytes: 8192,
+                    busy_ns: 900
+                },
+                LinkTotals {
+                    peer: 3,
+                    steps: 10,
+                    bytes: 40960,
+                    busy_ns: 7000
+                },
+            ]
+        );
+        assert_eq!(s.counters.link_overflow, 6);
+        let s = parse_confirmed(&b, &b).expect("parses");
+        assert_eq!(s.links.len(), 2);
+        let s = read_retrying(|| Ok::<_, ()>(b.clone()), READ_ATTEMPTS)
+            .expect("reads")
+            .expect("parses");
+        assert_eq!(s.links.len(), 2);
+        assert!(parse(&blank()).expect("parses").links.is_empty());
+    }
+
+    #[test]
+    fn version_1_segments_read_with_no_links() {
+        let mut b = blank();
+        b[offset_of!(Header, layout_version)..][..4].copy_from_slice(&1u32.to_ne_bytes());
+        // Whatever lies after the ring of a version-1 file is not a link table.
+        put_link(&mut b, 0, 1, 2, 3, 4);
+        b[off::C_LINK_OVERFLOW..][..8].copy_from_slice(&6u64.to_ne_bytes());
+        put(
+            &mut b,
+            off::progress_record(off::COLL, layout::STARTED),
+            1,
+            1,
+            4,
+        );
+        let s = parse(&b).expect("a version-1 segment parses");
+        assert!(s.links.is_empty());
+        assert_eq!(s.counters.link_overflow, 0);
+        assert_eq!(s.coll.started.map(|e| e.seq), Some(4));
+        // A version-1 file needs only what version 1 had.
+        let s = parse(&b[..layout::SEGMENT_V1_END]).expect("short version-1 file parses");
+        assert!(s.links.is_empty());
+        assert!(matches!(
+            parse(&b[..layout::SEGMENT_V1_END - 1]),
+            Err(SegmentError::TooShort { .. })
+        ));
+        // Version 2 needs the table.
+        let v2 = blank();
+        assert!(matches!(
+            parse(&v2[..layout::SEGMENT_V1_END]),
+            Err(SegmentError::TooShort { .. })
+        ));
+        for bad in [0u32, LAYOUT_VERSION + 1] {
+            b[offset_of!(Header, layout_version)..][..4].copy_from_slice(&bad.to_ne_bytes());
+            assert_eq!(parse(&b), Err(SegmentError::Version { found: bad }));
+        }
     }
 
     #[test]

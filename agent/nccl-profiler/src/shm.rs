@@ -6,6 +6,11 @@
 //! step), so a stray late event can never touch unmapped memory, and the next init that
 //! reuses the context maps its new file over the same addresses again. Contexts are kept
 //! in a process-wide free list for that reuse; they are never freed.
+//!
+//! With mask `proxystep`, each send ProxyOp also gets an [`OpRecord`] from a pool of
+//! the context (made at init, also never freed) that times its steps: SendWait is
+//! stamped into the record, and the step's stop adds the step, its bytes and the time
+//! since SendWait to the segment's entry for the op's peer (`layout::Link`).
 
 use std::ffi::c_void;
 use std::fs::{self, File, OpenOptions};
@@ -14,11 +19,14 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, Ordering, fence,
+};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
+use crate::abi::{event, state};
 use crate::config::Config;
-use crate::layout::{self, Info, SEGMENT_SIZE, off};
+use crate::layout::{self, Info, LINK_SLOTS, SEGMENT_SIZE, off};
 
 /// Event slots per communicator. A slot stays with its operation until the operation's
 /// stop event and all its child events are done, and is handed out again only after
@@ -39,6 +47,23 @@ const SLOT_PROBES: u32 = 8;
 /// directions than this (an all-to-all over more than 128 ranks) records the rest with
 /// no count (0), which the agent does not report.
 pub const PAIRS: usize = 256;
+
+/// Step records per communicator (mask `proxystep`): one per send ProxyOp in flight,
+/// from its start to its stop, handed out round robin. When the 8 looked at in a row
+/// are busy, the op runs without step timing (counted in `link_overflow`).
+pub const OP_RECORDS: usize = 512;
+
+/// How many step records a ProxyOp start looks at before it gives up.
+const OP_PROBES: u32 = 8;
+
+/// Steps of one ProxyOp in flight at once: NCCL's `NCCL_STEPS`. NCCL keeps a step's
+/// handle at `step % NCCL_STEPS`, and so does an [`OpRecord`] its timing.
+pub const STEP_SLOTS: usize = 8;
+
+/// [`OpRecord::link`]: the peer's link entry is not looked up yet.
+const LINK_UNRESOLVED: u32 = u32::MAX;
+/// [`OpRecord::link`]: the peer found no entry (table full, or no valid rank).
+const LINK_NONE: u32 = u32::MAX - 1;
 
 /// Why a segment could not be made; the communicator then runs without the plugin.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +90,22 @@ pub fn now_ns() -> i64 {
     };
     // SAFETY: writes one timespec we own; CLOCK_REALTIME always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    (ts.tv_sec as i64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as i64)
+}
+
+/// CLOCK_MONOTONIC in ns (through the vDSO), for step durations: unlike
+/// CLOCK_REALTIME it never steps.
+#[inline]
+#[allow(clippy::unnecessary_cast)] // time_t and c_long are i32 on 32-bit targets
+pub fn mono_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec we own; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as i64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as i64)
@@ -144,6 +185,39 @@ impl Shm {
             self.u64_at(rec + off::R_INFO).store(v.info.pack(), r);
         }
         head.store(n, Ordering::Release);
+    }
+
+    /// The link table entry of `peer` (a communicator rank), claimed if it has none;
+    /// `None` when the table is full or `peer` is not a rank.
+    #[inline]
+    fn link_index(&self, peer: i32) -> Option<u32> {
+        let peer = u64::try_from(peer).ok()?;
+        let key = peer + 1;
+        for n in 0..LINK_SLOTS as u64 {
+            let i = ((peer + n) % LINK_SLOTS as u64) as usize;
+            let k = self.u64_at(off::link_entry(i) + off::L_KEY);
+            let mut held = k.load(Ordering::Relaxed);
+            if held == 0 {
+                held = match k.compare_exchange(0, key, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => key,
+                    Err(other) => other,
+                };
+            }
+            if held == key {
+                return Some(i as u32);
+            }
+        }
+        None
+    }
+
+    /// Add one timed send step to link entry `i`.
+    #[inline]
+    fn link_add(&self, i: u32, bytes: u64, ns: u64) {
+        let at = off::link_entry(i as usize);
+        let r = Ordering::Relaxed;
+        self.u64_at(at + off::L_BYTES).fetch_add(bytes, r);
+        self.u64_at(at + off::L_NS).fetch_add(ns, r);
+        self.u64_at(at + off::L_STEPS).fetch_add(1, r);
     }
 
     /// Append `v` to the ring of recent events.
@@ -256,6 +330,51 @@ impl Slot {
     }
 }
 
+/// The step timing of one send ProxyOp (mask `proxystep`), from its start to its stop.
+/// Its address (64-byte aligned) is the op's handle, tagged; a step's handle is the same
+/// address with the step's index in the tag. One proxy thread drives an op and its
+/// steps, but every field is an atomic all the same.
+#[derive(Debug)]
+#[repr(align(64))]
+pub struct OpRecord {
+    /// 1 while an op holds the record.
+    busy: AtomicU32,
+    /// The peer's rank in the communicator.
+    peer: AtomicI32,
+    /// The peer's link entry, or [`LINK_UNRESOLVED`] / [`LINK_NONE`].
+    link: AtomicU32,
+    /// The parent operation's slot, for completion (as a plain ProxyOp handle has).
+    slot: AtomicPtr<Slot>,
+    /// The context this record belongs to (set once).
+    ctx: AtomicPtr<Context>,
+    /// Per step (`step % STEP_SLOTS`): CLOCK_MONOTONIC at SendWait, 0 before.
+    wait_ns: [AtomicI64; STEP_SLOTS],
+    /// Per step: bytes SendWait said the step sends.
+    bytes: [AtomicU32; STEP_SLOTS],
+}
+
+impl OpRecord {
+    fn new() -> OpRecord {
+        OpRecord {
+            busy: AtomicU32::new(0),
+            peer: AtomicI32::new(-1),
+            link: AtomicU32::new(LINK_UNRESOLVED),
+            slot: AtomicPtr::new(ptr::null_mut()),
+            ctx: AtomicPtr::new(ptr::null_mut()),
+            wait_ns: [const { AtomicI64::new(0) }; STEP_SLOTS],
+            bytes: [const { AtomicU32::new(0) }; STEP_SLOTS],
+        }
+    }
+
+    /// The context this record belongs to.
+    #[inline]
+    fn context(&self) -> &'static Context {
+        // SAFETY: set once, when the pool is made, to its context's address; contexts
+        // are leaked (never freed), so the pointer is valid for 'static.
+        unsafe { &*self.ctx.load(Ordering::Relaxed) }
+    }
+}
+
 /// What a start event of a collective or p2p operation says.
 #[derive(Clone, Copy, Debug)]
 pub struct TaskStart {
@@ -289,6 +408,11 @@ pub struct Context {
     pair_keys: Box<[AtomicU64]>,
     /// Operations so far in the direction of the same index of `pair_keys`.
     pair_counts: Box<[AtomicU64]>,
+    /// Send steps are timed (mask `proxystep`) for the current communicator.
+    steps: AtomicBool,
+    /// Step records, made at the first init that asks for `proxystep`.
+    ops: OnceLock<Box<[OpRecord]>>,
+    next_op: AtomicU32,
     live: AtomicBool,
     /// The segment file while live.
     path: Mutex<Option<PathBuf>>,
@@ -324,6 +448,63 @@ impl Context {
         let end = start + self.slots.len() * size_of::<Slot>();
         let a = p as usize;
         a >= start && a < end && (a - start).is_multiple_of(size_of::<Slot>())
+    }
+
+    /// Whether send steps are timed (mask `proxystep`).
+    #[inline]
+    pub fn steps_enabled(&self) -> bool {
+        self.steps.load(Ordering::Relaxed)
+    }
+
+    /// Whether `p` is the address of one of this context's step records.
+    #[inline]
+    pub fn owns_op(&self, p: *const c_void) -> bool {
+        let Some(ops) = self.ops.get() else {
+            return false;
+        };
+        let start = ops.as_ptr() as usize;
+        let end = start + ops.len() * size_of::<OpRecord>();
+        let a = p as usize;
+        a >= start && a < end && (a - start).is_multiple_of(size_of::<OpRecord>())
+    }
+
+    /// A send ProxyOp to `peer` started under `slot`, with step timing on: its step
+    /// record, counted as `slot`'s child as [`start_child`] does. `None` when no record
+    /// is free (counted in `link_overflow`); the caller then calls [`start_child`] and
+    /// the op runs untimed.
+    #[inline]
+    pub fn start_op(&'static self, slot: &'static Slot, peer: i32) -> Option<&'static OpRecord> {
+        let Some(rec) = self.claim_op() else {
+            self.shm.add(off::C_LINK_OVERFLOW, 1);
+            return None;
+        };
+        let r = Ordering::Relaxed;
+        rec.peer.store(peer, r);
+        rec.link.store(LINK_UNRESOLVED, r);
+        rec.slot.store(ptr::from_ref(slot).cast_mut(), r);
+        start_child(slot, true);
+        Some(rec)
+    }
+
+    /// A free step record, round robin (as [`Context::claim`] for slots).
+    #[inline]
+    fn claim_op(&'static self) -> Option<&'static OpRecord> {
+        let ops = self.ops.get()?;
+        let mut i = self.next_op.load(Ordering::Relaxed);
+        for _ in 0..OP_PROBES {
+            let rec = &ops[i as usize % ops.len()];
+            i = i.wrapping_add(1);
+            if rec
+                .busy
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.next_op.store(i, Ordering::Relaxed);
+                return Some(rec);
+            }
+        }
+        self.next_op.store(i, Ordering::Relaxed);
+        None
     }
 
     /// Record the start of a collective or p2p operation; the slot that follows it, or
@@ -480,6 +661,75 @@ pub fn stop_child(slot: &'static Slot, proxy: bool) {
     release(slot);
 }
 
+/// The stop of a send ProxyOp that has a step record: the record is free again, and
+/// the op's parent is released as [`stop_child`] does. NCCL stops all of the op's steps
+/// before.
+#[inline]
+pub fn stop_op(rec: &'static OpRecord) {
+    let slot = rec.slot.load(Ordering::Relaxed);
+    rec.busy.store(0, Ordering::Release);
+    if !slot.is_null() {
+        // SAFETY: set at the op's start to one of the context's slots, which are never
+        // freed.
+        stop_child(unsafe { &*slot }, true);
+    }
+}
+
+/// A ProxyStep of `rec`'s op started: its timing (index `step % STEP_SLOTS`) starts
+/// empty. The index, for the step's handle.
+#[inline]
+pub fn start_step(rec: &OpRecord, step: i32) -> usize {
+    let i = step as u32 as usize % STEP_SLOTS;
+    rec.wait_ns[i].store(0, Ordering::Relaxed);
+    rec.bytes[i].store(0, Ordering::Relaxed);
+    i
+}
+
+/// A state transition of step `i` of `rec`'s op. Only SendWait counts: it stamps the
+/// time and keeps `trans_size` (the bytes the step sends). Other states are ignored.
+#[inline]
+pub fn record_step(rec: &OpRecord, i: usize, state: i32, trans_size: usize) {
+    if state != state::PROXY_STEP_SEND_WAIT {
+        return;
+    }
+    let i = i % STEP_SLOTS;
+    rec.bytes[i].store(
+        u32::try_from(trans_size).unwrap_or(u32::MAX),
+        Ordering::Relaxed,
+    );
+    rec.wait_ns[i].store(mono_ns().max(1), Ordering::Relaxed);
+}
+
+/// Step `i` of `rec`'s op stopped: if it reached SendWait, add it, its bytes and the
+/// time since SendWait to the link entry of the op's peer.
+#[inline]
+pub fn stop_step(rec: &OpRecord, i: usize) {
+    let i = i % STEP_SLOTS;
+    let wait = rec.wait_ns[i].swap(0, Ordering::Relaxed);
+    if wait == 0 {
+        return;
+    }
+    let ns = (mono_ns() - wait).max(0) as u64;
+    let ctx = rec.context();
+    if !ctx.is_live() {
+        return;
+    }
+    let mut link = rec.link.load(Ordering::Relaxed);
+    if link == LINK_UNRESOLVED {
+        link = ctx
+            .shm
+            .link_index(rec.peer.load(Ordering::Relaxed))
+            .unwrap_or(LINK_NONE);
+        rec.link.store(link, Ordering::Relaxed);
+    }
+    if link == LINK_NONE {
+        ctx.shm.add(off::C_LINK_OVERFLOW, 1);
+        return;
+    }
+    let bytes = u64::from(rec.bytes[i].load(Ordering::Relaxed));
+    ctx.shm.link_add(link, bytes, ns);
+}
+
 /// Drop one reference; the last one out records completion when children showed it.
 ///
 /// The last holder does that work *before* letting go (1 → 0), so the slot cannot be
@@ -578,6 +828,25 @@ pub fn open(cfg: &Config, comm: &CommIdentity) -> Result<&'static Context, InitE
         }
     };
     write_header(ctx, cfg, comm);
+    let steps = comm.event_mask & event::PROXY_STEP != 0;
+    if steps {
+        let me = ptr::from_ref(ctx).cast_mut();
+        let ops = ctx.ops.get_or_init(|| {
+            (0..OP_RECORDS)
+                .map(|_| {
+                    let rec = OpRecord::new();
+                    rec.ctx.store(me, Ordering::Relaxed);
+                    rec
+                })
+                .collect()
+        });
+        // A reused context: records of the last communicator's unfinished ops are free.
+        for rec in ops.iter() {
+            rec.busy.store(0, Ordering::Relaxed);
+        }
+        ctx.next_op.store(0, Ordering::Relaxed);
+    }
+    ctx.steps.store(steps, Ordering::Relaxed);
     *ctx.path.lock().unwrap_or_else(PoisonError::into_inner) = Some(path);
     ctx.live.store(true, Ordering::Release);
     Ok(ctx)
@@ -703,6 +972,9 @@ fn map(path: &Path, file: &File) -> Result<&'static Context, InitError> {
                 next_slot: AtomicU32::new(0),
                 pair_keys: (0..PAIRS).map(|_| AtomicU64::new(0)).collect(),
                 pair_counts: (0..PAIRS).map(|_| AtomicU64::new(0)).collect(),
+                steps: AtomicBool::new(false),
+                ops: OnceLock::new(),
+                next_op: AtomicU32::new(0),
                 live: AtomicBool::new(false),
                 path: Mutex::new(None),
             }));

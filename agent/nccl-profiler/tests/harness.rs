@@ -214,6 +214,19 @@ fn run_scenario(version: u32, mask: Option<&str>) {
         assert_eq!(s.counters.dropped_writes, 0);
         assert_eq!(s.counters.unknown_events, 0);
         assert!(s.completion_observed());
+        assert_eq!(s.counters.link_overflow, 0);
+        if mask.is_some_and(|m| m.contains("proxystep")) {
+            // One send op per operation, each with one step of 4096 bytes, to rank + 1.
+            let ops = if i == 0 { 199 + 38 } else { 240 };
+            assert_eq!(s.links.len(), 1, "{:?}", s.links);
+            let l = s.links[0];
+            assert_eq!(
+                (l.peer, l.steps, l.bytes),
+                ((i as u32 + 1) % 4, ops, ops * 4096)
+            );
+        } else {
+            assert!(s.links.is_empty(), "{:?}", s.links);
+        }
 
         let started = s.coll.started.expect("a collective started");
         let completed = s.coll.completed.expect("a collective completed");
@@ -297,6 +310,66 @@ fn v6_communicators_concurrent_threads_and_a_hung_collective() {
 #[test]
 fn v5_with_kernel_channel_and_proxy_step_events() {
     run_scenario(5, Some("default+kernelch+proxystep"));
+}
+
+/// The `links` scenario: per collective, send ProxyOps to peers 1 and 2 (8 steps of
+/// 64 KiB each, SendWait then stop; peer 2's steps wait 300 µs longer) and a receive
+/// ProxyOp from peer 3, under `default+proxystep`.
+fn links(version: u32) {
+    const OPS: u64 = 40;
+    let shm = tempfile::tempdir().expect("segment directory");
+    let Some(mut cmd) = command(version, "links", shm.path()) else {
+        return;
+    };
+    cmd.env("WARDEN_NCCL_PROFILER_MASK", "default+proxystep")
+        .env("HARNESS_OPS", OPS.to_string());
+    let child = start_and_wait_stopped(cmd);
+    let segs = segments(shm.path());
+    assert_eq!(segs.len(), 1);
+    let s = &segs[0].1;
+    assert_eq!(s.event_mask, 0x1e, "coll, p2p, proxyop, proxystep");
+    // Completion works as without step timing.
+    assert_eq!(s.counters.coll_started, OPS);
+    assert_eq!(s.counters.coll_completed, OPS);
+    assert_eq!(s.coll.completed.map(|e| e.seq), Some(OPS));
+    assert_eq!(s.counters.child_events, 3 * OPS);
+    assert_eq!(s.counters.link_overflow, 0);
+    assert_eq!(s.counters.dropped_events + s.counters.dropped_writes, 0);
+    // Send steps only: peers 1 and 2, never the receive op's peer 3.
+    let mut links = s.links.clone();
+    links.sort_by_key(|l| l.peer);
+    let steps = OPS * 8;
+    let per_peer: Vec<(u32, u64, u64)> = links.iter().map(|l| (l.peer, l.steps, l.bytes)).collect();
+    assert_eq!(
+        per_peer,
+        vec![(1, steps, steps * 65536), (2, steps, steps * 65536)]
+    );
+    let (fast, slow) = (links[0], links[1]);
+    assert!(
+        slow.busy_ns >= steps * 300_000,
+        "each of peer 2's steps waited 300 µs: {slow:?}"
+    );
+    assert!(
+        slow.busy_ns > fast.busy_ns,
+        "the slow link has the larger time: {fast:?} vs {slow:?}"
+    );
+    let text = resume_to_end(child);
+    assert!(text.contains("harness: ok"), "{text}");
+}
+
+#[test]
+fn v4_proxy_steps_time_each_peer_link() {
+    links(4);
+}
+
+#[test]
+fn v5_proxy_steps_time_each_peer_link() {
+    links(5);
+}
+
+#[test]
+fn v6_proxy_steps_time_each_peer_link() {
+    links(6);
 }
 
 fn garbage(version: u32) {

@@ -7,10 +7,16 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
-use common::{Comm, allreduce, my_pid, proxy_op, record, recv, send, stop};
+use std::ffi::c_void;
+
+use common::{
+    Comm, allreduce, my_pid, proxy_op, proxy_op_to, proxy_step, record, record_trans, recv, send,
+    stop,
+};
+use warden_nccl_profiler::abi::{event, state};
 use warden_nccl_profiler::config::DEFAULT_MASK;
-use warden_nccl_profiler::segment::{Kind, Phase};
-use warden_nccl_profiler::shm::SLOTS;
+use warden_nccl_profiler::segment::{Kind, LinkTotals, Phase};
+use warden_nccl_profiler::shm::{OP_RECORDS, SLOTS};
 
 #[test]
 fn init_asks_for_the_default_mask_and_writes_the_header() {
@@ -197,7 +203,7 @@ fn pxn_proxy_ops_of_other_processes_are_counted_not_followed() {
 
 #[test]
 fn an_exhausted_pool_drops_with_a_count_and_recovers() {
-    let c = Comm::init(0x1007, 0);
+    let c = Comm::init(0x100b, 0);
     let held: Vec<_> = (0..SLOTS as u64)
         .map(|i| c.start(&mut allreduce(i, 1)))
         .collect();
@@ -219,15 +225,15 @@ fn an_exhausted_pool_drops_with_a_count_and_recovers() {
 
 #[test]
 fn a_finalized_context_is_reused_with_a_fresh_segment() {
-    let a = Comm::init(0x1008, 0);
+    let a = Comm::init(0x100c, 0);
     for i in 0..3 {
         stop(a.start(&mut allreduce(i, 1)));
     }
     a.finalize();
-    let b = Comm::init(0x1009, 0);
+    let b = Comm::init(0x100d, 0);
     stop(b.start(&mut allreduce(0, 1)));
     let s = b.read();
-    assert_eq!(s.comm_hash, 0x1009);
+    assert_eq!(s.comm_hash, 0x100d);
     assert_eq!(s.counters.coll_started, 1);
     assert_eq!(s.recent.len(), 1);
     b.finalize();
@@ -293,4 +299,212 @@ fn readers_never_accept_a_torn_record() {
         Ok(c) => c.finalize(),
         Err(_) => panic!("threads hold the communicator"),
     }
+}
+
+const STEPS: Option<&str> = Some("default+proxystep");
+
+/// One send step as NCCL's send proxy runs it: start, SendGPUWait, SendPeerWait,
+/// SendWait with the bytes, stop. The step's handle.
+fn send_step(c: &Comm, op: *mut c_void, step: i32, bytes: usize) -> *mut c_void {
+    let h = c.start(&mut proxy_step(op, step));
+    record(h, state::PROXY_STEP_SEND_GPU_WAIT);
+    record(h, state::PROXY_STEP_SEND_PEER_WAIT);
+    record_trans(h, state::PROXY_STEP_SEND_WAIT, bytes);
+    stop(h);
+    h
+}
+
+#[test]
+fn send_steps_are_timed_per_peer_and_completion_still_works() {
+    let c = Comm::init_with_mask(0x1101, 0, STEPS);
+    assert_eq!(c.mask as u64, DEFAULT_MASK | event::PROXY_STEP);
+    let coll = c.start(&mut allreduce(1, 1024));
+    stop(coll);
+    let to1 = c.start(&mut proxy_op_to(coll, my_pid(), true, 1));
+    let to2 = c.start(&mut proxy_op_to(coll, my_pid(), true, 2));
+    assert!(!to1.is_null() && !to2.is_null());
+    record(to1, state::PROXY_OP_IN_PROGRESS);
+    for step in 0..10 {
+        assert!(!send_step(&c, to1, step, 1000).is_null());
+    }
+    // Several steps in flight at once on one op, stopped out of order.
+    let a = c.start(&mut proxy_step(to2, 0));
+    let b = c.start(&mut proxy_step(to2, 1));
+    assert_ne!(a, b);
+    record_trans(a, state::PROXY_STEP_SEND_WAIT, 300);
+    record_trans(b, state::PROXY_STEP_SEND_WAIT, 200);
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    stop(b);
+    stop(a);
+    // SendWait with no arguments: the step counts, with no bytes.
+    let n = c.start(&mut proxy_step(to2, 2));
+    record(n, state::PROXY_STEP_SEND_WAIT);
+    stop(n);
+    assert!(c.read().coll.completed.is_none(), "the ops still run");
+    stop(to1);
+    stop(to2);
+    let s = c.read();
+    let mut links = s.links.clone();
+    links.sort_by_key(|l| l.peer);
+    assert_eq!(links.len(), 2, "{links:?}");
+    assert_eq!(
+        (links[0].peer, links[0].steps, links[0].bytes),
+        (1, 10, 10_000)
+    );
+    assert_eq!((links[1].peer, links[1].steps, links[1].bytes), (2, 3, 500));
+    assert!(
+        links[1].busy_ns >= 2 * 2_000_000,
+        "two steps waited 2 ms: {links:?}"
+    );
+    assert!(links[0].busy_ns < links[1].busy_ns);
+    assert_eq!(s.counters.link_overflow, 0);
+    let done = s.coll.completed.expect("completed through the timed ops");
+    assert_eq!(done.seq, 1);
+    assert!(done.xfer_ns > 0);
+    assert_eq!(s.counters.coll_completed, 1);
+    assert_eq!(s.counters.child_events, 2);
+    c.finalize();
+}
+
+#[test]
+fn an_exhausted_step_record_pool_falls_back_and_counts() {
+    let c = Comm::init_with_mask(0x1102, 0, STEPS);
+    let coll = c.start(&mut allreduce(0, 8));
+    stop(coll);
+    let held: Vec<_> = (0..OP_RECORDS)
+        .map(|_| c.start(&mut proxy_op_to(coll, my_pid(), true, 1)))
+        .collect();
+    assert!(held.iter().all(|h| !h.is_null()));
+    // Every record is busy: the next send op runs as without `proxystep`.
+    let untimed = c.start(&mut proxy_op_to(coll, my_pid(), true, 3));
+    assert!(!untimed.is_null(), "the op still gets a handle");
+    let step = c.start(&mut proxy_step(untimed, 0));
+    assert!(step.is_null(), "its steps are not followed");
+    record_trans(step, state::PROXY_STEP_SEND_WAIT, 64);
+    stop(step);
+    let s = c.read();
+    assert_eq!(s.counters.link_overflow, 1);
+    assert_eq!(s.counters.child_events, OP_RECORDS as u64 + 1);
+    assert!(s.links.is_empty());
+    assert!(s.coll.completed.is_none());
+    stop(untimed);
+    assert!(c.read().coll.completed.is_none(), "timed ops still run");
+    for h in held {
+        stop(h);
+    }
+    let s = c.read();
+    assert_eq!(s.coll.completed.map(|e| e.seq), Some(1));
+    assert_eq!(s.counters.coll_completed, 1);
+    // Records come back after their op's stop.
+    let coll = c.start(&mut allreduce(1, 8));
+    let op = c.start(&mut proxy_op_to(coll, my_pid(), true, 3));
+    send_step(&c, op, 0, 64);
+    stop(op);
+    stop(coll);
+    let s = c.read();
+    assert_eq!(
+        s.links
+            .iter()
+            .map(|l| (l.peer, l.steps))
+            .collect::<Vec<_>>(),
+        vec![(3, 1)]
+    );
+    assert_eq!(s.counters.link_overflow, 1);
+    assert_eq!(s.counters.coll_completed, 2);
+    c.finalize();
+}
+
+#[test]
+fn receive_steps_add_nothing() {
+    let c = Comm::init_with_mask(0x1103, 0, STEPS);
+    let coll = c.start(&mut allreduce(0, 8));
+    let op = c.start(&mut proxy_op_to(coll, my_pid(), false, 2));
+    assert!(!op.is_null());
+    for step in 0..4 {
+        let h = c.start(&mut proxy_step(op, step));
+        record(h, state::PROXY_STEP_RECV_WAIT);
+        record_trans(h, state::PROXY_STEP_RECV_FLUSH_WAIT, 4096);
+        record(h, state::PROXY_STEP_RECV_GPU_WAIT);
+        // Not a receive state; still nothing for a receive op.
+        record_trans(h, state::PROXY_STEP_SEND_WAIT, 4096);
+        stop(h);
+    }
+    stop(op);
+    stop(coll);
+    let s = c.read();
+    assert_eq!(s.links, Vec::<LinkTotals>::new());
+    assert_eq!(s.counters.link_overflow, 0);
+    assert_eq!(s.coll.completed.map(|e| e.seq), Some(1));
+    c.finalize();
+}
+
+#[test]
+fn a_step_stopped_without_send_wait_adds_nothing() {
+    let c = Comm::init_with_mask(0x1104, 0, STEPS);
+    let coll = c.start(&mut allreduce(0, 8));
+    let op = c.start(&mut proxy_op_to(coll, my_pid(), true, 5));
+    let h = c.start(&mut proxy_step(op, 0));
+    assert!(!h.is_null());
+    record(h, state::PROXY_STEP_SEND_GPU_WAIT);
+    record(h, state::PROXY_STEP_SEND_PEER_WAIT);
+    stop(h);
+    assert!(c.read().links.is_empty(), "no SendWait, no sample");
+    // The same step index again: its SendWait from a step before does not linger.
+    send_step(&c, op, 8, 128);
+    let h = c.start(&mut proxy_step(op, 16));
+    stop(h);
+    // A second stop of a step handle adds nothing either.
+    let again = send_step(&c, op, 1, 128);
+    stop(again);
+    stop(op);
+    stop(coll);
+    let s = c.read();
+    assert_eq!(
+        s.links
+            .iter()
+            .map(|l| (l.peer, l.steps, l.bytes))
+            .collect::<Vec<_>>(),
+        vec![(5, 2, 256)]
+    );
+    c.finalize();
+}
+
+#[test]
+fn the_default_mask_writes_no_links() {
+    let c = Comm::init(0x1105, 0);
+    assert_eq!(c.mask as u64 & event::PROXY_STEP, 0);
+    let coll = c.start(&mut allreduce(0, 8));
+    let op = c.start(&mut proxy_op_to(coll, my_pid(), true, 1));
+    assert!(!op.is_null());
+    // NCCL sends no steps without the bit; if it did, they would not be followed.
+    let h = c.start(&mut proxy_step(op, 0));
+    assert!(h.is_null());
+    record_trans(h, state::PROXY_STEP_SEND_WAIT, 64);
+    stop(h);
+    stop(op);
+    stop(coll);
+    let s = c.read();
+    assert!(s.links.is_empty());
+    assert_eq!(s.counters.link_overflow, 0);
+    assert_eq!(s.coll.completed.map(|e| e.seq), Some(1));
+    let path = c.path();
+    c.finalize();
+    // A context used again with `proxystep` times steps; used again without, it stops.
+    let timed = Comm::init_with_mask(0x1106, 0, STEPS);
+    let coll = timed.start(&mut allreduce(0, 8));
+    let op = timed.start(&mut proxy_op_to(coll, my_pid(), true, 1));
+    send_step(&timed, op, 0, 64);
+    stop(op);
+    stop(coll);
+    assert_eq!(timed.read().links.len(), 1);
+    timed.finalize();
+    let plain = Comm::init(0x1107, 0);
+    let coll = plain.start(&mut allreduce(0, 8));
+    let op = plain.start(&mut proxy_op_to(coll, my_pid(), true, 1));
+    assert!(plain.start(&mut proxy_step(op, 0)).is_null());
+    stop(op);
+    stop(coll);
+    assert!(plain.read().links.is_empty());
+    plain.finalize();
+    assert!(!path.exists());
 }

@@ -234,13 +234,7 @@ impl Job {
             IncidentKind::Crash => super::crash::check(&cfg.crash, w, now),
             IncidentKind::Nan => super::nan::check(&cfg.nan, w, now),
             IncidentKind::Straggler => super::straggler::check(&cfg.straggler, w, now),
-            IncidentKind::SlowLink => {
-                let cfg = super::slow_link::SlowLinkConfig {
-                    enabled: true,
-                    ..cfg.slow_link.clone()
-                };
-                super::slow_link::check(&cfg, w, now)
-            }
+            IncidentKind::SlowLink => super::slow_link::check(&cfg.slow_link, w, now),
             IncidentKind::GpuFault => super::gpu::check(&cfg.gpu, &self.cluster, now),
         };
         verdicts
@@ -832,16 +826,130 @@ fn small_straggler_needs_the_long_window() {
     assert_eq!(f[0].nodes, vec!["node-09".to_string()]);
 }
 
+/// Ring traffic for `samples` reads: communicators `100 + c` for `c` in `0..per_node`,
+/// each a ring over every node's `c`-th rank; each rank sends 1 MiB per read to the
+/// next member, taking `ns_per_byte(src node, dst node)` per byte on the wire (with a
+/// little noise). Collectives complete alongside, as the plugin reports them.
+fn ring_links(j: &mut Job, nodes: u32, samples: u64, ns_per_byte: impl Fn(u32, u32) -> f64) {
+    let per_node = j.per_node;
+    let mut totals: std::collections::HashMap<(u32, u32), (u64, u64, u64)> = Default::default();
+    for k in 1..=samples {
+        let t = k as f64;
+        for n in 0..nodes {
+            let mut links = vec![];
+            let mut collectives = vec![];
+            for c in 0..per_node {
+                let r = n * per_node + c;
+                let next = (n + 1) % nodes;
+                let noise = 1.0 + 0.02 * f64::from((r + k as u32) % 5);
+                let tot = totals.entry((r, next)).or_default();
+                tot.0 += 64;
+                tot.1 += 1 << 20;
+                tot.2 += ((1u64 << 20) as f64 * ns_per_byte(n, next) * noise) as u64;
+                links.push(warden_model::wire::LinkSample {
+                    comm: 100 + u64::from(c),
+                    rank: r,
+                    comm_rank: n,
+                    peer: next,
+                    at_ns: ns(t),
+                    steps: tot.0,
+                    bytes: tot.1,
+                    busy_ns: tot.2,
+                });
+                collectives.push(CollectiveEvent {
+                    comm: 100 + u64::from(c),
+                    rank: r,
+                    seq: k,
+                    op: CollOp::AllReduce as i32,
+                    bytes: 1 << 20,
+                    start_ns: ns(t - 0.5),
+                    end_ns: ns(t - 0.1),
+                    xfer_ns: 300_000_000,
+                });
+            }
+            j.send(
+                n,
+                t,
+                JobSignals {
+                    job: "j".into(),
+                    collectives,
+                    links,
+                    ..Default::default()
+                },
+                vec![],
+            );
+        }
+    }
+}
+
 #[test]
-fn slow_link_names_the_node_whose_own_transfers_are_slow() {
-    // Four 8-member communicators across 8 nodes; node 3's members transfer 2x slower.
+fn slow_link_names_the_node_every_slow_edge_passes_through() {
+    // Four rings across 8 nodes; node 3's NIC takes twice as long per byte, in and out.
+    let mut j = Job::new(8, 4);
+    ring_links(
+        &mut j,
+        8,
+        10,
+        |s, d| if s == 3 || d == 3 { 0.2 } else { 0.1 },
+    );
+    let f = j.findings(IncidentKind::SlowLink, 10.0);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].nodes, vec!["node-03".to_string()]);
+    assert_eq!(f[0].ranks, vec![12, 13, 14, 15]);
+    assert!(f[0].summary.contains("8 of its 8"), "{}", f[0].summary);
+    check(&j, IncidentKind::Straggler, 10.0, None);
+}
+
+#[test]
+fn two_slow_nodes_are_both_named_and_their_neighbours_are_not() {
+    let mut j = Job::new(8, 2);
+    ring_links(&mut j, 8, 10, |s, d| {
+        if [2, 5].contains(&s) || [2, 5].contains(&d) {
+            0.3
+        } else {
+            0.1
+        }
+    });
+    let f = j.findings(IncidentKind::SlowLink, 10.0);
+    let nodes: Vec<&str> = f.iter().map(|f| f.nodes[0].as_str()).collect();
+    assert_eq!(nodes, vec!["node-02", "node-05"], "{f:#?}");
+}
+
+#[test]
+fn slow_link_says_nothing_it_cannot_localize() {
+    // Uniform links: nothing.
+    let mut j = Job::new(8, 2);
+    ring_links(&mut j, 8, 10, |_, _| 0.1);
+    assert!(j.findings(IncidentKind::SlowLink, 10.0).is_empty());
+    // One slow edge alone: the sender's port or the receiver's? Nothing.
+    let mut j = Job::new(8, 1);
+    ring_links(&mut j, 8, 10, |s, _| if s == 4 { 0.3 } else { 0.1 });
+    assert!(j.findings(IncidentKind::SlowLink, 10.0).is_empty());
+    // Two nodes: both edges pass through both.
+    let mut j = Job::new(2, 4);
+    ring_links(&mut j, 2, 10, |s, _| if s == 1 { 0.3 } else { 0.1 });
+    assert!(j.findings(IncidentKind::SlowLink, 10.0).is_empty());
+    // Too few samples yet.
+    let mut j = Job::new(8, 4);
+    ring_links(
+        &mut j,
+        8,
+        4,
+        |s, d| if s == 3 || d == 3 { 0.2 } else { 0.1 },
+    );
+    assert!(j.findings(IncidentKind::SlowLink, 10.0).is_empty());
+}
+
+#[test]
+fn without_per_peer_timing_no_slow_link_is_judged() {
+    // Transfer times of whole collectives, node 3's twice the others': a ring's pace is
+    // its slowest link's for every member, so this says nothing about links.
     let mut j = Job::new(8, 4);
     for seq in 1..=8u64 {
         for c in 0..4u32 {
             for n in 0..8u32 {
                 let r = n * 4 + c;
-                let xfer = if n == 3 { 0.02 } else { 0.01 }
-                    * (1.0 + 0.01 * f64::from((r + seq as u32) % 3));
+                let xfer = if n == 3 { 0.02 } else { 0.01 };
                 let t = seq as f64;
                 let ev = CollectiveEvent {
                     comm: 100 + u64::from(c),
@@ -866,18 +974,7 @@ fn slow_link_names_the_node_whose_own_transfers_are_slow() {
             }
         }
     }
-    let f = j.findings(IncidentKind::SlowLink, 10.0);
-    assert_eq!(f.len(), 1, "{f:#?}");
-    assert_eq!(f[0].nodes, vec!["node-03".to_string()]);
-    check(&j, IncidentKind::Straggler, 10.0, None);
-    // At the default settings the detector judges nothing: no capture path reports a
-    // rank's own link time.
-    let w = Window {
-        job: &j.cluster.jobs["j"],
-        cluster: &j.cluster,
-    };
-    let cfg = DetectConfig::default();
-    assert!(super::slow_link::check(&cfg.slow_link, w, at(10.0)).is_empty());
+    assert!(j.findings(IncidentKind::SlowLink, 10.0).is_empty());
 }
 
 #[test]

@@ -6,9 +6,11 @@
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
-use warden_nccl_profiler::abi::{CollV5, DescrUnionV5, DescrV5, P2pV5, ProxyOp, event};
+use warden_nccl_profiler::abi::{
+    CollV5, DescrUnionV5, DescrV5, P2pV5, ProxyOp, ProxyStep, ProxyStepStateArgs, event,
+};
 use warden_nccl_profiler::ncclProfiler_v5 as P;
 use warden_nccl_profiler::segment::{self, Snapshot};
 use warden_nccl_profiler::shm::file_name;
@@ -42,10 +44,27 @@ unsafe impl Send for Comm {}
 // SAFETY: as above.
 unsafe impl Sync for Comm {}
 
+/// Held around every init: the plugin reads `WARDEN_NCCL_PROFILER_MASK` at init, and
+/// [`Comm::init_with_mask`] sets it for its init only.
+static INIT: Mutex<()> = Mutex::new(());
+
 impl Comm {
-    /// ncclCommInitRank → the plugin's init.
+    /// ncclCommInitRank → the plugin's init, with the default mask.
     pub fn init(hash: u64, rank: i32) -> Comm {
+        Comm::init_with_mask(hash, rank, None)
+    }
+
+    /// ncclCommInitRank → the plugin's init, with `WARDEN_NCCL_PROFILER_MASK=mask`
+    /// (e.g. `default+proxystep`) when given.
+    pub fn init_with_mask(hash: u64, rank: i32, mask_var: Option<&str>) -> Comm {
         shm_dir();
+        let _held = INIT.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(m) = mask_var {
+            // SAFETY: the plugin reads the environment only in init, and every init in
+            // a test process goes through here, under `INIT`; Rust's own environment
+            // functions lock internally.
+            unsafe { std::env::set_var("WARDEN_NCCL_PROFILER_MASK", m) };
+        }
         let mut ctx = ptr::null_mut();
         let mut mask: c_int = 0;
         // SAFETY: valid out-pointers and a static name, as NCCL passes.
@@ -61,6 +80,10 @@ impl Comm {
                 None,
             )
         };
+        if mask_var.is_some() {
+            // SAFETY: as above.
+            unsafe { std::env::remove_var("WARDEN_NCCL_PROFILER_MASK") };
+        }
         assert_eq!(rc, 0);
         assert!(!ctx.is_null(), "init made a segment");
         Comm {
@@ -105,6 +128,16 @@ pub fn record(h: *mut c_void, state: c_int) {
     // SAFETY: a handle the plugin returned (or null); no state arguments.
     assert_eq!(
         unsafe { (P.recordEventState)(h, state, ptr::null_mut()) },
+        0
+    );
+}
+
+/// recordEventState with state arguments whose `proxyStep.transSize` is `bytes`.
+pub fn record_trans(h: *mut c_void, state: c_int, bytes: usize) {
+    let mut args = ProxyStepStateArgs { transSize: bytes };
+    // SAFETY: a handle the plugin returned (or null); the arguments outlive the call.
+    assert_eq!(
+        unsafe { (P.recordEventState)(h, state, (&raw mut args).cast()) },
         0
     );
 }
@@ -163,8 +196,25 @@ fn p2p(func: &'static std::ffi::CStr, count: usize, peer: i32) -> DescrV5 {
     }
 }
 
-/// A ProxyOp under `parent`, posted by `pid`.
+/// A ProxyOp under `parent`, posted by `pid`, with peer 1.
 pub fn proxy_op(parent: *mut c_void, pid: i32, is_send: bool) -> DescrV5 {
+    proxy_op_to(parent, pid, is_send, 1)
+}
+
+/// A ProxyStep of the ProxyOp handle `op`.
+pub fn proxy_step(op: *mut c_void, step: i32) -> DescrV5 {
+    DescrV5 {
+        type_: event::PROXY_STEP,
+        parentObj: op,
+        rank: 0,
+        u: DescrUnionV5 {
+            proxyStep: ProxyStep { step },
+        },
+    }
+}
+
+/// A ProxyOp under `parent`, posted by `pid`, to or from `peer`.
+pub fn proxy_op_to(parent: *mut c_void, pid: i32, is_send: bool, peer: i32) -> DescrV5 {
     DescrV5 {
         type_: event::PROXY_OP,
         parentObj: parent,
@@ -173,7 +223,7 @@ pub fn proxy_op(parent: *mut c_void, pid: i32, is_send: bool) -> DescrV5 {
             proxyOp: ProxyOp {
                 pid,
                 channelId: 0,
-                peer: 1,
+                peer,
                 nSteps: 8,
                 chunkSize: 1 << 19,
                 isSend: c_int::from(is_send),

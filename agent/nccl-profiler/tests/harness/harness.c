@@ -12,8 +12,13 @@
  *                       context null and the mask alone, and every call returns 0
  *             disabled-unprivileged  as disabled, after giving up root (so a
  *                       read-only directory is read-only)
+ *             links     one communicator (rank 0 of 4) under the mask the environment
+ *                       gives (the test asks for default+proxystep): per collective,
+ *                       send ProxyOps to peers 1 and 2 and a receive ProxyOp from peer
+ *                       3, each with ProxyStep events and their state transitions in
+ *                       NCCL's order; peer 2's steps wait LINK_SLOW_US in SendWait
  * env: HARNESS_STOP=1  raise SIGSTOP before finalize (the test inspects the segments)
- *      HARNESS_OPS=N   collectives per communicator (default 200)
+ *      HARNESS_OPS=N   collectives per communicator (default 200; links: 40)
  *
  * Exit status 0 when every call returned ncclSuccess and every check held; otherwise
  * it prints what failed and exits 1.
@@ -155,7 +160,19 @@ enum {
   EV_NET_PLUGIN = 1 << 7, EV_GROUP_API = 1 << 8, EV_COLL_API = 1 << 9,
   EV_CE_COLL = 1 << 12,
 };
-enum { ST_PROXY_OP_IN_PROGRESS = 19, ST_PROXY_STEP_SEND_WAIT = 9, ST_KERNEL_CH_STOP = 22 };
+enum {
+  ST_PROXY_OP_IN_PROGRESS = 19, ST_PROXY_STEP_SEND_GPU_WAIT = 8,
+  ST_PROXY_STEP_SEND_PEER_WAIT = 20, ST_PROXY_STEP_SEND_WAIT = 9,
+  ST_PROXY_STEP_RECV_WAIT = 10, ST_PROXY_STEP_RECV_FLUSH_WAIT = 11,
+  ST_PROXY_STEP_RECV_GPU_WAIT = 12, ST_KERNEL_CH_STOP = 22
+};
+/* ncclProfilerEventStateArgs_v4_t (v5 and v6 use the same union). */
+typedef union {
+  struct { size_t transSize; } proxyStep;
+  struct { int appendedProxyOps; } proxyCtrl;
+  struct { void *data; } netPlugin;
+  struct { uint64_t pTimer; } kernelCh;
+} state_args_t;
 
 /* ---- one call path for all versions ---- */
 static int version;
@@ -417,6 +434,98 @@ static void scenario_run(int ops) {
   for (int i = 0; i < NCOMMS; i++) OK(do_finalize(comms[i].ctx));
 }
 
+/* ---- scenario "links" ---- */
+#define LINK_STEPS 8      /* steps per ProxyOp */
+#define LINK_WINDOW 4     /* steps in flight at once (NCCL allows NCCL_STEPS = 8) */
+#define LINK_BYTES 65536  /* transSize of every send step */
+#define LINK_SLOW_US 300  /* extra SendWait of peer 2's steps */
+typedef struct {
+  void *ctx; int mask; int ops; queue_t q;
+} link_comm_t;
+
+static void *link_proxy_thread(void *arg) {
+  link_comm_t *c = arg;
+  void *parent; int kind;
+  while (q_pop(&c->q, &parent, &kind)) {
+    /* NCCL's proxy: ops for the collective's channels, sends to 1 and 2, a receive. */
+    const int peers[3] = { 1, 2, 3 }, sends[3] = { 1, 1, 0 };
+    void *ops[3];
+    for (int o = 0; o < 3; o++) {
+      ops[o] = NULL;
+      ev_t e = { .type = EV_PROXY_OP, .parent = parent, .rank = 0, .pid = self_pid,
+                 .channel = 0, .peer = peers[o], .is_send = sends[o] };
+      OK(do_start(c->ctx, &ops[o], &e));
+      CHECK(ops[o] != NULL, "a ProxyOp under a recorded collective gets a handle");
+      OK(do_record(ops[o], ST_PROXY_OP_IN_PROGRESS, NULL));
+    }
+    for (int base = 0; base < LINK_STEPS; base += LINK_WINDOW) {
+      for (int o = 0; o < 3; o++) {
+        void *steps[LINK_WINDOW];
+        for (int k = 0; k < LINK_WINDOW; k++) {
+          steps[k] = (void *)0x1;
+          ev_t s = { .type = EV_PROXY_STEP, .parent = ops[o], .rank = 0,
+                     .seq = (uint64_t)(base + k) };
+          OK(do_start(c->ctx, &steps[k], &s));
+          if (sends[o]) {
+            CHECK(steps[k] != NULL, "a send step gets a handle");
+            /* The GPU filled the buffer; the receiver accepted; isend posted. */
+            OK(do_record(steps[k], ST_PROXY_STEP_SEND_GPU_WAIT, NULL));
+            OK(do_record(steps[k], ST_PROXY_STEP_SEND_PEER_WAIT, NULL));
+            state_args_t a;
+            memset(&a, 0, sizeof a);
+            a.proxyStep.transSize = LINK_BYTES;
+            OK(do_record(steps[k], ST_PROXY_STEP_SEND_WAIT, &a));
+          } else {
+            OK(do_record(steps[k], ST_PROXY_STEP_RECV_WAIT, NULL));
+          }
+        }
+        /* The network works on the window; peer 2's link is slow. */
+        if (peers[o] == 2) usleep(LINK_SLOW_US);
+        for (int k = 0; k < LINK_WINDOW; k++) {
+          if (!sends[o]) {
+            state_args_t a;
+            memset(&a, 0, sizeof a);
+            a.proxyStep.transSize = LINK_BYTES;
+            OK(do_record(steps[k], ST_PROXY_STEP_RECV_FLUSH_WAIT, &a));
+            OK(do_record(steps[k], ST_PROXY_STEP_RECV_GPU_WAIT, NULL));
+          }
+          OK(do_stop(steps[k]));
+        }
+      }
+    }
+    for (int o = 0; o < 3; o++) OK(do_stop(ops[o]));
+  }
+  return NULL;
+}
+
+static void scenario_links(int ops) {
+  static link_comm_t c;
+  memset(&c, 0, sizeof c);
+  pthread_mutex_init(&c.q.mu, NULL);
+  pthread_cond_init(&c.q.cv, NULL);
+  c.ops = ops;
+  OK(do_init(&c.ctx, &c.mask, "links", 0x11e4c000ULL, 2, 4, 0));
+  CHECK(c.ctx != NULL, "the comm gets a context (log: %s)", last_log);
+  CHECK(c.mask & EV_PROXY_STEP, "the mask asks for proxy steps (0x%x)", c.mask);
+  pthread_t proxy;
+  pthread_create(&proxy, NULL, link_proxy_thread, &c);
+  for (int i = 0; i < ops; i++) {
+    void *coll = NULL;
+    ev_t e = { .type = EV_COLL, .rank = 0, .seq = (uint64_t)i, .func = "AllReduce",
+               .count = 1 << 20, .dtype = "ncclFloat32", .root = -1, .nch = 1 };
+    OK(do_start(c.ctx, &coll, &e));
+    CHECK(coll != NULL, "collective %d gets a handle", i);
+    q_push(&c.q, coll, EV_COLL);
+    OK(do_stop(coll));
+  }
+  q_close(&c.q);
+  pthread_join(proxy, NULL);
+  printf("harness: links: %d collectives done\n", ops);
+  fflush(stdout);
+  if (getenv("HARNESS_STOP")) raise(SIGSTOP);
+  OK(do_finalize(c.ctx));
+}
+
 /* ---- scenario "garbage" ---- */
 static void scenario_garbage(void) {
   void *ctx = NULL;
@@ -570,6 +679,7 @@ int main(int argc, char **argv) {
   if (strcmp(scenario, "run") == 0) scenario_run(ops ? atoi(ops) : 200);
   else if (strcmp(scenario, "garbage") == 0) scenario_garbage();
   else if (strcmp(scenario, "disabled") == 0) scenario_disabled();
+  else if (strcmp(scenario, "links") == 0) scenario_links(ops ? atoi(ops) : 40);
   else {
     fprintf(stderr, "harness: unknown scenario %s\n", scenario);
     return 2;
