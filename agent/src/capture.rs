@@ -667,6 +667,15 @@ impl Capture {
 
     /// Look at every known pid; report those that vanished without saying goodbye.
     pub fn check_pids(&mut self, now_ns: i64) {
+        let gone = self.look_at_pids(now_ns);
+        self.report_deaths(gone);
+    }
+
+    /// Look at every known pid: note the living, and return the dead with their state
+    /// and when each died. Report them with [`Capture::report_deaths`] only once their
+    /// connections have been read: a process that said goodbye and died since the
+    /// last read has its exit message waiting there, and is no death.
+    pub fn look_at_pids(&mut self, now_ns: i64) -> Vec<(u32, Liveness, i64)> {
         let mut gone = vec![];
         for (&pid, m) in &mut self.members {
             if !m.pid_visible {
@@ -687,18 +696,27 @@ impl Capture {
                 _ => gone.push((pid, state)),
             }
         }
-        for (pid, state) in gone {
-            let Some(m) = self.members.get(&pid) else {
-                continue;
-            };
-            // It died between the last look and this one. A hang-up after the last look
-            // is when it died (the kernel closes a dying process's sockets); without
-            // one, halfway is the best guess. (Two deaths stamped halfway between the
-            // same looks would tie, and a crash's culprit is the first to die.)
-            let at_ns = match m.hung_up_at_ns {
-                Some(t) if t >= m.alive_at_ns => t,
-                _ => m.alive_at_ns + (now_ns - m.alive_at_ns) / 2,
-            };
+        gone.into_iter()
+            .filter_map(|(pid, state)| {
+                let m = self.members.get(&pid)?;
+                // It died between the last look and this one. A hang-up after the last
+                // look is when it died (the kernel closes a dying process's sockets);
+                // without one, halfway is the best guess. (Two deaths stamped halfway
+                // between the same looks would tie, and a crash's culprit is the first
+                // to die.)
+                let at_ns = match m.hung_up_at_ns {
+                    Some(t) if t >= m.alive_at_ns => t,
+                    _ => m.alive_at_ns + (now_ns - m.alive_at_ns) / 2,
+                };
+                Some((pid, state, at_ns))
+            })
+            .collect()
+    }
+
+    /// Report the deaths [`Capture::look_at_pids`] found, but those that said goodbye
+    /// or were reported since.
+    pub fn report_deaths(&mut self, gone: Vec<(u32, Liveness, i64)>) {
+        for (pid, state, at_ns) in gone {
             self.report_gone(pid, state, at_ns);
         }
     }
@@ -843,6 +861,15 @@ pub fn serve(
         // culprit is the first to die). They are handled once every connection has
         // been read, so that the wait for a zombie in one cannot make a later death
         // look as early as it.
+        // Pids are looked at before the connections are read, and their deaths
+        // reported after: all a dead process wrote is in its socket by then, so one
+        // that said goodbye just before it died is read as such.
+        let dead = if checked.elapsed() >= PID_CHECK_EVERY {
+            checked = Instant::now();
+            capture.look_at_pids(wall_ns())
+        } else {
+            vec![]
+        };
         let seen_at = wall_ns();
         let mut closed = vec![];
         conns.retain_mut(|c| {
@@ -855,10 +882,7 @@ pub fn serve(
         for pid in closed {
             capture.hung_up(pid, seen_at);
         }
-        if checked.elapsed() >= PID_CHECK_EVERY {
-            checked = Instant::now();
-            capture.check_pids(wall_ns());
-        }
+        capture.report_deaths(dead);
         let limit = if conns.is_empty() {
             IDLE_WAIT
         } else {
@@ -1199,6 +1223,35 @@ mod tests {
             jobs[0].logs[0].line,
             "RuntimeError: Connection closed by peer"
         );
+    }
+
+    #[test]
+    fn a_goodbye_waiting_when_the_pid_was_found_gone_is_no_death() {
+        // Rank 0 sends its exit message and dies between two reads of its connection;
+        // the pid check finds it gone before the message is read. The serving loop
+        // looks at pids, then reads, then reports: the exit is the goodbye's.
+        let running = format!("9 (python3) R{}", " 0".repeat(49));
+        let procs = fake_proc(&[(9, &running)]);
+        let progress = Progress::default();
+        let mut cap = Capture::new(progress.clone(), procs.path());
+        cap.handle(&hello(9, 0, "j"), 1_000);
+        std::fs::remove_dir_all(procs.path().join("9")).expect("remove pid 9");
+        let dead = cap.look_at_pids(3_000);
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        let mut bye = header(6, 9, 0);
+        bye.extend(0i32.to_le_bytes());
+        bye.extend(2_000i64.to_le_bytes());
+        text(&mut bye, "");
+        assert_eq!(cap.handle(&bye, 3_010), "exit");
+        cap.report_deaths(dead);
+        cap.hung_up(9, 3_020);
+        assert_eq!(cap.ranks(), 0);
+        let mut pending = Pending::default();
+        progress.flush(4_000, &mut pending);
+        let jobs = pending.take_jobs();
+        let exits: Vec<_> = jobs[0].processes.iter().filter(|p| !p.alive).collect();
+        assert_eq!(exits.len(), 1, "{exits:?}");
+        assert_eq!((exits[0].exit_code, exits[0].at_ns), (Some(0), 2_000));
     }
 
     #[test]

@@ -431,6 +431,18 @@ fn a_device_work_ends_when_it_ran_not_when_it_was_enqueued() {
     );
 }
 
+/// A rank's exit message reaches an agent that stopped reading for 2 s while the rank
+/// filled its socket and backlog: the last frame on the connection is the exit, whole,
+/// so the agent never takes a clean exit for a death
+/// (`integrations/python/tests/check_goodbye.py`).
+#[test]
+fn a_ranks_goodbye_reaches_an_agent_that_fell_behind() {
+    let Some((py, _turn)) = torch_turn() else {
+        return;
+    };
+    run_check(&py, "check_goodbye.py", &[], "goodbye check: passed");
+}
+
 /// The other shapes real jobs take (gradients all-reduced by hand, FSDP2's
 /// `fully_shard`, a 2-stage pipeline by send/recv with data parallel in each stage),
 /// each fault once in a run of its own, through `scripts/job-matrix` (the controller

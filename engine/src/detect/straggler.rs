@@ -72,6 +72,9 @@ struct Scores {
     ratios: Vec<(u32, f64)>,
     nodes: Vec<NodeScore>,
     sample_sigma: f64,
+    /// Robust relative spread of single samples about their own rank's median: the
+    /// noise a rank's median is read through, its speed left out.
+    within_sigma: f64,
 }
 
 /// A node's score from its pooled, normalised samples: the median when there are
@@ -153,6 +156,7 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
     }
     let mut ratios = Vec::with_capacity(per_rank.len());
     let mut all = Vec::with_capacity(per_rank.len() * window);
+    let mut within = Vec::with_capacity(per_rank.len() * window);
     let mut by_node: std::collections::BTreeMap<u32, (Vec<u32>, Vec<f64>)> = Default::default();
     for (r, m, v) in per_rank {
         ratios.push((r, m / base));
@@ -160,6 +164,9 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
         e.0.push(r);
         e.1.extend(v.iter().map(|x| x / base));
         all.extend(v.iter().map(|x| x / base));
+        if m > 1e-9 {
+            within.extend(v.iter().map(|x| x / m));
+        }
     }
     let nodes = by_node
         .into_iter()
@@ -179,6 +186,7 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
         ratios,
         nodes,
         sample_sigma: robust_sigma(&all),
+        within_sigma: robust_sigma(&within),
     })
 }
 
@@ -314,9 +322,24 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
         versus = Some((node, other));
     }
     // Single slow ranks on otherwise healthy nodes (a throttling GPU).
-    if let Some(Scores { base, ratios, .. }) = scores(w, cfg.slow_window, 1, cap) {
+    if let Some(Scores {
+        base,
+        ratios,
+        within_sigma,
+        ..
+    }) = scores(w, cfg.slow_window, 1, cap)
+    {
         let sigma = robust_sigma(&ratios.iter().map(|r| r.1).collect::<Vec<_>>());
-        let threshold = cfg.rank_min_ratio.max(1.0 + 1.5 * cfg.sigmas * sigma);
+        // Above what chance makes of the median of one rank's window, given how much
+        // single samples scatter about their rank's own median: on a noisy job (ranks
+        // sharing busy CPUs) a rank's run of bad luck stands for nothing, while a
+        // GPU's steady compute leaves the floor in charge.
+        let chance =
+            1.0 + cfg.sample_sigmas * 1.25 * within_sigma / (cfg.slow_window as f64).sqrt();
+        let threshold = cfg
+            .rank_min_ratio
+            .max(1.0 + 1.5 * cfg.sigmas * sigma)
+            .max(chance);
         for (r, x) in ratios {
             let node = w.job.ranks[r].node;
             if x >= threshold && !flagged.iter().any(|f| f.0 == node) {

@@ -811,6 +811,48 @@ fn in_a_two_node_job_a_slow_rank_is_a_rank_and_a_slower_job_is_nothing() {
     check(&two_nodes(|_, _| 1.0), IncidentKind::Straggler, 20.0, None);
 }
 
+/// Two nodes of two ranks whose samples swing by `swing` either way, every other
+/// iteration (CPUs shared with other work): each rank's median is its own speed, so
+/// the ranks' medians agree and only the samples say how noisy the job is. Rank 3
+/// computes `factor` times the others.
+fn swinging(swing: f64, factor: f64) -> Job {
+    let mut j = Job::new(2, 2);
+    for r in 0..4u32 {
+        let own = if r == 3 { factor } else { 1.0 };
+        let s: Vec<f64> = (0..20)
+            .map(|k| {
+                own * if (k + r as usize) % 2 == 0 {
+                    1.0 - swing
+                } else {
+                    1.0 + swing
+                }
+            })
+            .collect();
+        j.compute(r, &s);
+    }
+    j
+}
+
+#[test]
+fn a_rank_slower_than_the_floor_but_within_its_noise_is_no_straggler() {
+    // Samples ±25%: 16 of them cannot tell a rank 1.12x slow from chance.
+    check(&swinging(0.25, 1.12), IncidentKind::Straggler, 20.0, None);
+    // Steadier samples (±10%) name a rank 1.3x slow all the same, and so does a
+    // steady job a rank 1.12x slow.
+    check(
+        &swinging(0.10, 1.3),
+        IncidentKind::Straggler,
+        20.0,
+        Some(&[3]),
+    );
+    check(
+        &swinging(0.01, 1.12),
+        IncidentKind::Straggler,
+        20.0,
+        Some(&[3]),
+    );
+}
+
 #[test]
 fn small_straggler_needs_the_long_window() {
     let mut j = Job::new(16, 4);

@@ -55,6 +55,8 @@ __all__ = ["init", "step", "stats", "shutdown", "capture_mode", "checking_inputs
 DEFAULT_SOCKET = "/run/warden/capture.sock"
 _HELLO_EVERY_S = 5.0
 _MAX_BACKLOG = 1 << 20
+# Longest a process's exit waits for the agent to take its goodbye (seconds).
+_GOODBYE_S = 5.0
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 
 _log = logging.getLogger("warden_torch")
@@ -917,7 +919,7 @@ def shutdown(code=0, message=""):
         st.exited = True
         with st.device_cv:
             st.device_cv.notify_all()
-        st._send(_wire.exit_(st.pid, st.rank, int(code), time.time_ns(), message))
+        goodbye = _wire.exit_(st.pid, st.rank, int(code), time.time_ns(), message)
         for obj, name, orig in reversed(st.patched):
             if orig is None:
                 # A process group's hooks (name is their id).
@@ -928,12 +930,18 @@ def shutdown(code=0, message=""):
                     pass
             else:
                 setattr(obj, name, orig)
-        if st.sock is not None:
-            # Push out what is still waiting (briefly: the process is exiting).
-            if st.backlog:
-                st.sock.settimeout(0.5)
-                st.sock.sendall(st.backlog)
-            st.sock.close()
+        with st.send_lock:
+            sock, rest = st.sock, st.backlog + goodbye
+            st.sock, st.backlog = None, b""
+        if sock is not None:
+            # The goodbye goes out whole, after what is still waiting, however full the
+            # backlog: without it the agent takes the exit for a death. The process is
+            # leaving, so it may wait for a busy agent, but not for ever.
+            try:
+                sock.settimeout(_GOODBYE_S)
+                sock.sendall(rest)
+            finally:
+                sock.close()
     except Exception:
         pass
     _state = None
