@@ -328,6 +328,20 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             let what = format!("inside {op} seq {} of {}; {others}", s.seq, s.comm.label());
             return vec![held_by_stopped(w, &stopped, s.oldest, &what)];
         }
+        // Capture paths see an operation entered when the host enqueues it, which can
+        // be while that rank's GPU still computes the step: a rank that began computing
+        // slower (a straggler's first slow step) holds an entered collective for up to
+        // an iteration more than any wait seen before, and then completes it. Without
+        // a stopped member, only a wait past both the bound and an iteration is a hang.
+        let Some(s) = stalls
+            .iter()
+            .filter(|s| now.secs_since(s.oldest) >= s.bound.max(iteration.unwrap_or(0.0)))
+            .min_by_key(|s| s.oldest)
+        else {
+            return vec![];
+        };
+        let ranks: Vec<u32> = s.comm.members.iter().map(|m| m.rank).collect();
+        let op = CollOp::from_wire(s.comm.op_of(s.seq)).as_str();
         let (nodes, _) = w.places(&ranks);
         return vec![Verdict::Finding(Finding {
             kind: IncidentKind::Hang,

@@ -397,6 +397,33 @@ fn hang_with_everyone_inside_names_the_nodes_not_a_rank() {
 }
 
 #[test]
+fn a_straggler_s_first_slow_step_with_everyone_inside_is_no_hang() {
+    // Iterations of 4 s, each ending in an all-reduce that every rank enters (its host
+    // enqueues it) 0.1 s before it completes. Then every rank has entered seq 41 and
+    // it has not completed for 3 s: more than twice any wait seen, less than an
+    // iteration (a rank whose GPU began computing 1.75x slower holds it that long).
+    let mut j = Job::new(4, 1);
+    for seq in 1..=40u64 {
+        let t = 4.0 * seq as f64;
+        for r in 0..4 {
+            j.coll(7, r, seq, t - 0.1, Some(t));
+        }
+    }
+    for r in 0..4 {
+        j.coll(7, r, 41, 163.9, None);
+    }
+    j.heartbeats(166.9);
+    let p = j.cluster.jobs["j"].iteration_secs();
+    assert!(p.is_some_and(|p| p > 3.5), "{p:?}");
+    check(&j, IncidentKind::Hang, 166.9, None);
+    // Past an iteration it is one.
+    j.heartbeats(168.5);
+    let f = j.findings(IncidentKind::Hang, 168.5);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert!(f[0].ranks.is_empty() && f[0].nodes.len() == 4, "{f:#?}");
+}
+
+#[test]
 fn hang_with_everyone_inside_names_a_stopped_process() {
     let mut j = steady(4);
     for r in 0..4 {
@@ -821,7 +848,7 @@ fn swinging(swing: f64, factor: f64) -> Job {
         let own = if r == 3 { factor } else { 1.0 };
         let s: Vec<f64> = (0..20)
             .map(|k| {
-                own * if (k + r as usize) % 2 == 0 {
+                own * if (k + r as usize).is_multiple_of(2) {
                     1.0 - swing
                 } else {
                     1.0 + swing
