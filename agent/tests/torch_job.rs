@@ -431,9 +431,10 @@ fn a_device_work_ends_when_it_ran_not_when_it_was_enqueued() {
     );
 }
 
-/// A rank's exit message reaches an agent that stopped reading for 2 s while the rank
-/// filled its socket and backlog: the last frame on the connection is the exit, whole,
-/// so the agent never takes a clean exit for a death
+/// A rank's exit message reaches an agent that fell behind (it reads nothing until 1 s
+/// into the rank's shutdown, with 256 KiB waiting in the rank's backlog): the last
+/// frame on the connection is the exit, whole, so the agent never takes a clean exit
+/// for a death
 /// (`integrations/python/tests/check_goodbye.py`).
 #[test]
 fn a_ranks_goodbye_reaches_an_agent_that_fell_behind() {

@@ -6,7 +6,9 @@
 //! nobody is inside a collective. A collective can complete on some members and not on
 //! others (a ring member stopped halfway through): when the chain ends inside such a
 //! collective, the culprit is a stopped process among the members stuck there, else
-//! the stuck members are named as suspects.
+//! the stuck members are named as suspects. When every member entered and none
+//! completed, the wait must pass an iteration as well as the bound before it is a hang:
+//! an entry is seen at enqueue, possibly while that rank's GPU still computes.
 
 use warden_model::wire::CollOp;
 use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};

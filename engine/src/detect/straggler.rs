@@ -3,7 +3,9 @@
 //! the time the rank spent waiting inside collectives, both on its own clock, so clock
 //! skew cannot fake it, and the ranks a straggler delays (which wait longer but compute
 //! the same) are not blamed. Medians over several iterations make one-off hiccups that
-//! move between ranks, and checkpoint pauses that hit every rank at once, noise.
+//! move between ranks, and checkpoint pauses that hit every rank at once, noise. A
+//! median must also stand above what chance makes of its window, given how far single
+//! samples scatter (ranks sharing busy CPUs scatter far; a GPU's compute hardly).
 
 use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
 

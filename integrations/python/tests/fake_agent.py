@@ -15,25 +15,35 @@ import sys
 import threading
 
 
-def serve(path, frames, done, listening):
-    """Accept one connection and keep every frame's body until it closes."""
+def take_frames(buf, frames):
+    """Append the body of every whole frame at the start of ``buf`` (a u16 length, then
+    that many bytes) to ``frames``; return the bytes left, an unfinished frame."""
+    at = 0
+    while at + 2 <= len(buf):
+        (n,) = struct.unpack_from("<H", buf, at)
+        if at + 2 + n > len(buf):
+            break
+        frames.append(buf[at + 2 : at + 2 + n])
+        at += 2 + n
+    return buf[at:]
+
+
+def serve(path, frames, done, listening, go=None):
+    """Accept one connection, read nothing until the event ``go`` is set, when one is
+    given (an agent that fell behind), then keep every frame's body until it closes."""
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(1)
     listening.set()
     conn, _ = srv.accept()
+    if go is not None:
+        go.wait()
     buf = b""
     while True:
         chunk = conn.recv(65536)
         if not chunk:
             break
-        buf += chunk
-        while len(buf) >= 2:
-            (n,) = struct.unpack_from("<H", buf)
-            if len(buf) < 2 + n:
-                break
-            frames.append(buf[2 : 2 + n])
-            buf = buf[2 + n :]
+        buf = take_frames(buf + chunk, frames)
     done.set()
 
 
