@@ -856,11 +856,6 @@ pub fn serve(
                 Err(e) => return Err(e),
             }
         }
-        // Every hang-up this pass sees gets the pass's time: their order within it is
-        // unknown, and stamping each as it is reached would invent one (a crash's
-        // culprit is the first to die). They are handled once every connection has
-        // been read, so that the wait for a zombie in one cannot make a later death
-        // look as early as it.
         // Pids are looked at before the connections are read, and their deaths
         // reported after: all a dead process wrote is in its socket by then, so one
         // that said goodbye just before it died is read as such.
@@ -870,6 +865,11 @@ pub fn serve(
         } else {
             vec![]
         };
+        // Every hang-up this pass sees gets the pass's time: their order within it is
+        // unknown, and stamping each as it is reached would invent one (a crash's
+        // culprit is the first to die). They are handled once every connection has
+        // been read, so that the wait for a zombie in one cannot make a later death
+        // look as early as it.
         let seen_at = wall_ns();
         let mut closed = vec![];
         conns.retain_mut(|c| {
