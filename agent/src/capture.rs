@@ -1001,6 +1001,15 @@ mod tests {
         d
     }
 
+    /// An exit message: `code` at `at`, with last words `message`.
+    fn bye(pid: u32, rank: u32, code: i32, at: i64, message: &str) -> Vec<u8> {
+        let mut d = header(6, pid, rank);
+        d.extend(code.to_le_bytes());
+        d.extend(at.to_le_bytes());
+        text(&mut d, message);
+        d
+    }
+
     fn end(pid: u32, rank: u32, seq: u64, at: i64) -> Vec<u8> {
         let mut d = header(4, pid, rank);
         d.extend(9u64.to_le_bytes());
@@ -1200,11 +1209,10 @@ mod tests {
         for (pid, rank) in [(7, 0), (8, 1), (9, 2)] {
             cap.handle(&hello(pid, rank, "j"), 1_000);
         }
-        let mut bye = header(6, 9, 2);
-        bye.extend(1i32.to_le_bytes());
-        bye.extend(1_500i64.to_le_bytes());
-        text(&mut bye, "RuntimeError: Connection closed by peer");
-        cap.handle(&bye, 1_500);
+        cap.handle(
+            &bye(9, 2, 1, 1_500, "RuntimeError: Connection closed by peer"),
+            1_500,
+        );
         cap.check_pids(3_000);
         assert_eq!(cap.ranks(), 0);
         let mut pending = Pending::default();
@@ -1238,11 +1246,7 @@ mod tests {
         std::fs::remove_dir_all(procs.path().join("9")).expect("remove pid 9");
         let dead = cap.look_at_pids(3_000);
         assert_eq!(dead.len(), 1, "{dead:?}");
-        let mut bye = header(6, 9, 0);
-        bye.extend(0i32.to_le_bytes());
-        bye.extend(2_000i64.to_le_bytes());
-        text(&mut bye, "");
-        assert_eq!(cap.handle(&bye, 3_010), "exit");
+        assert_eq!(cap.handle(&bye(9, 0, 0, 2_000, ""), 3_010), "exit");
         cap.report_deaths(dead);
         cap.hung_up(9, 3_020);
         assert_eq!(cap.ranks(), 0);

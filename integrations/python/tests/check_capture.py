@@ -32,9 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from fake_agent import listen, run_ranks  # noqa: E402
-
-HEADER = struct.Struct("<2sBBII")
+from fake_agent import HEADER, listen, run_ranks  # noqa: E402
 
 
 def decode(frames):

@@ -24,10 +24,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 import warden_torch  # noqa: E402
-from fake_agent import serve  # noqa: E402
+from fake_agent import HEADER, serve  # noqa: E402
 from warden_torch import _wire  # noqa: E402
 
-HEADER = struct.Struct("<2sBBII")
 STALL_S = 1.0
 BACKLOG = 256 << 10
 

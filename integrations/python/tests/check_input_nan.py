@@ -40,9 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from fake_agent import listen, run_ranks  # noqa: E402
+from fake_agent import HEADER, listen, run_ranks  # noqa: E402
 
-HEADER = struct.Struct("<2sBBII")
 STEP_BODY = struct.Struct("<QqIddd")
 NAN_STEP = 3
 STEPS = 6

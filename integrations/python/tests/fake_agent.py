@@ -15,6 +15,10 @@ import sys
 import threading
 
 
+# The header every frame body starts with: magic, version, kind, pid, rank.
+HEADER = struct.Struct("<2sBBII")
+
+
 def take_frames(buf, frames):
     """Append the body of every whole frame at the start of ``buf`` (a u16 length, then
     that many bytes) to ``frames``; return the bytes left, an unfinished frame."""
