@@ -43,6 +43,33 @@ def free_port():
         return s.getsockname()[1]
 
 
+_RENDEZVOUS_TAKEN = 0
+
+
+def rendezvous_port():
+    """A free port below the kernel's ephemeral range, for torchrun to bind once torch is
+    imported: in that range any outgoing connection (gloo opens dozens) may take it as
+    its source port meanwhile, and the store then fails with EADDRINUSE. Ports handed
+    out by one process differ."""
+    global _RENDEZVOUS_TAKEN
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    start = 20000 + (os.getpid() * 7919 + _RENDEZVOUS_TAKEN) % max(1, high - 20000)
+    for k in range(high - 20000):
+        port = 20000 + (start - 20000 + k) % (high - 20000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _RENDEZVOUS_TAKEN += k + 1
+            return port
+    raise RuntimeError("no free port between 20000 and %d" % high)
+
+
 def get(port, path, timeout=2.0):
     try:
         with urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=timeout) as r:
@@ -184,7 +211,7 @@ class Job:
         self.name = name
         self.work = os.path.join(cluster.out, name)
         os.makedirs(self.work, exist_ok=True)
-        master = str(free_port())
+        master = str(rendezvous_port())
         self.launches = []
         cluster.procs.jobs.append(self)
         a = cluster.args

@@ -180,6 +180,8 @@ impl Job {
     fn start(cluster: &Cluster, py: &Path, name: &str, args: &[&str]) -> Job {
         let work = cluster.dir.path().join(name);
         std::fs::create_dir_all(&work).expect("job dir");
+        // torchrun binds it seconds from now, once torch is imported: a port from below
+        // the ephemeral range, which no gloo connection takes as its source port meanwhile.
         let master_port = free_port().to_string();
         let script = repo().join("integrations/python/examples/train_ddp.py");
         let launches = NODES

@@ -8,7 +8,7 @@
 //! it); when it is missing, the test builds it with `cargo build -p warden-controller`.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -61,12 +61,7 @@ fn controller_bin() -> PathBuf {
     .clone()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use warden_testkit::ports::free_port;
 
 /// The tokens of the token file, one per role.
 struct Tokens {

@@ -11,6 +11,7 @@
 //! a slower machine can be given more time without touching a test.
 
 pub mod pipe;
+pub mod ports;
 
 use std::time::{Duration, Instant};
 

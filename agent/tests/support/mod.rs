@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -17,13 +16,7 @@ use axum::routing::post;
 use warden_model::wire::Batch;
 use warden_testkit::{PATIENCE, poll, scaled, wait_for};
 
-/// A port nothing listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+pub use warden_testkit::ports::free_port;
 
 /// The agent process; killed when dropped.
 pub struct AgentProc {

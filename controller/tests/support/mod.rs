@@ -7,20 +7,14 @@ pub mod pg;
 pub mod slurm;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use warden_testkit::{PATIENCE, wait_until};
 
-/// A port nothing listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+pub use warden_testkit::ports::free_port;
 
 /// `GET path` on `127.0.0.1:port`: (status, body), or `None` when nothing answers.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {

@@ -22,7 +22,6 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -104,13 +103,7 @@ pub struct SlurmCluster {
     daemons: Vec<Daemon>,
 }
 
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+use warden_testkit::ports::free_port;
 
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| {

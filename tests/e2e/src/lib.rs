@@ -33,6 +33,8 @@ use slurm::{Options, SlurmCluster};
 pub const NODES: [&str; 4] = ["gpu-node01", "gpu-node02", "gpu-node03", "gpu-node04"];
 /// Nodes the job runs on (one is left for the restart).
 pub const JOB_NODES: usize = 3;
+/// Rendezvous ports set aside per job, one for each run (restart) of it.
+const RUN_PORTS: u16 = 8;
 /// Ranks per node (`torchrun --nproc-per-node`).
 pub const RANKS_PER_NODE: u32 = 2;
 
@@ -48,13 +50,7 @@ pub fn now_s() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// A port nothing listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+pub use warden_testkit::ports::free_port;
 
 /// The repository root.
 pub fn repo() -> PathBuf {
@@ -658,7 +654,9 @@ impl FullLoop {
     /// `args` (steps, faults); it checkpoints every `ckpt_every` steps.
     pub fn submit(&self, ckpt_every: u32, args: &[&str]) -> Job {
         let d = self.dir.as_path();
-        let port_base = free_port();
+        // One rendezvous port per run of the job: Slurm starts it again on a restart,
+        // while the old run's store may still hold the last one.
+        let port_base = warden_testkit::ports::port_block(RUN_PORTS);
         let per_node = d.join("node-task.sh");
         // One torchrun per node; its output goes where that node's agent tails it, in
         // Slurm's own file naming (`slurm-<job id>.out`, which names the job).
@@ -673,7 +671,7 @@ impl FullLoop {
                  mkdir -p \"$run\"\n\
                  export WARDEN_AGENT_SOCKET={agents}/$node/capture.sock\n\
                  export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 PYTHONPATH={pythonpath}\n\
-                 port=$(( {port_base} + ${{SLURM_RESTART_COUNT:-0}} ))\n\
+                 port=$(( {port_base} + ${{SLURM_RESTART_COUNT:-0}} % {RUN_PORTS} ))\n\
                  exec {py} -m torch.distributed.run --nnodes=\"$SLURM_NNODES\" \
                  --node-rank=\"$SLURM_NODEID\" --nproc-per-node={RANKS_PER_NODE} \
                  --master-addr=127.0.0.1 --master-port=\"$port\" --monitor-interval=0.1 \
