@@ -47,6 +47,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use warden_model::wire::{
@@ -179,26 +180,28 @@ impl SegmentTracker {
     /// Wait up to `limit` for a watched process to exit; true when one did (its exit
     /// time is kept for the next poll). Without watched processes, or where pidfds do
     /// not work, it only sleeps (through `stop`, which may end the wait early: false
-    /// then).
+    /// then). The tracker is locked only between waits (each on duplicates of the
+    /// pidfds), so the shipper's read before a flush never waits on this one.
     pub fn wait_for_exit(
-        &mut self,
+        tracker: &Mutex<SegmentTracker>,
         limit: Duration,
         stop: &crate::runtime::StopFlag,
         now_ns: impl Fn() -> i64,
     ) -> bool {
         use rustix::event::{PollFd, PollFlags, Timespec, poll};
         const SLICE: Duration = Duration::from_millis(100);
+        let lock = || tracker.lock().unwrap_or_else(PoisonError::into_inner);
         let started = std::time::Instant::now();
         loop {
             let left = limit.saturating_sub(started.elapsed());
             if left.is_zero() {
                 return true;
             }
-            let watched: Vec<(u32, u64)> = self
+            let watched: Vec<((u32, u64), std::os::fd::OwnedFd)> = lock()
                 .processes
                 .iter()
-                .filter(|(_, p)| p.pidfd.is_some() && p.exited_at_ns.is_none())
-                .map(|(k, _)| *k)
+                .filter(|(_, p)| p.exited_at_ns.is_none())
+                .filter_map(|(k, p)| Some((*k, p.pidfd.as_ref()?.try_clone().ok()?)))
                 .collect();
             if watched.is_empty() {
                 return stop.wait(left);
@@ -209,8 +212,7 @@ impl SegmentTracker {
             let ready: Vec<(u32, u64)> = {
                 let mut fds: Vec<PollFd<'_>> = watched
                     .iter()
-                    .filter_map(|k| self.processes.get(k)?.pidfd.as_ref())
-                    .map(|fd| PollFd::new(fd, PollFlags::IN))
+                    .map(|(_, fd)| PollFd::new(fd, PollFlags::IN))
                     .collect();
                 let wait = left.min(SLICE);
                 let timeout = Timespec {
@@ -223,12 +225,12 @@ impl SegmentTracker {
                         .iter()
                         .zip(fds.iter())
                         .filter(|(_, fd)| !fd.revents().is_empty())
-                        .map(|(k, _)| *k)
+                        .map(|((k, _), _)| *k)
                         .collect(),
                     Err(rustix::io::Errno::INTR) => Vec::new(),
                     Err(_) => {
                         // pidfds do not work here: the poll interval decides.
-                        for p in self.processes.values_mut() {
+                        for p in lock().processes.values_mut() {
                             p.pidfd = None;
                         }
                         return stop.wait(left);
@@ -237,8 +239,9 @@ impl SegmentTracker {
             };
             if !ready.is_empty() {
                 let at = now_ns();
+                let mut t = lock();
                 for k in ready {
-                    if let Some(p) = self.processes.get_mut(&k) {
+                    if let Some(p) = t.processes.get_mut(&k) {
                         p.exited_at_ns = Some(at);
                         p.pidfd = None;
                     }
@@ -262,9 +265,13 @@ fn watch(proc_root: &Path, pid: u32, ticks: u64) -> Option<std::os::fd::OwnedFd>
     (ticks == 0 || start_ticks(proc_root, pid) == Some(ticks)).then_some(fd)
 }
 
-/// Start the segment reader when the capture is enabled: every [`POLL_EVERY`] it reads
-/// `cfg.shm_dir` into `progress` until the agent stops. A directory that cannot be read
-/// (other than missing) marks the `nccl` collector down until it can.
+/// Start the segment reader when the capture is enabled: every [`POLL_EVERY`], and
+/// just before each flush (through [`Progress::read_before_flush`]), it reads
+/// `cfg.shm_dir` into `progress` until the agent stops. The controller takes a batch
+/// as complete up to the moment it was cut; read on its own schedule alone, the
+/// segments would lag a batch by up to one poll, and a rank that finished a collective
+/// would still look inside it. A directory that cannot be read (other than missing)
+/// marks the `nccl` collector down until it can.
 pub fn start(
     cfg: &crate::config::CaptureConfig,
     shared: &crate::runtime::Shared,
@@ -276,10 +283,16 @@ pub fn start(
     let (dir, shared, progress) = (cfg.shm_dir.clone(), shared.clone(), progress.clone());
     let mut tracker = SegmentTracker::new(cfg.proc_root.clone());
     tracker.watch_exits = cfg.proc_root == Path::new("/proc");
+    let tracker = Arc::new(Mutex::new(tracker));
+    progress.read_before_flush(reader(dir.clone(), Arc::clone(&tracker)));
     crate::collectors::spawn("nccl", move || {
         let mut up = None;
         loop {
-            let ok = match poll_segments(&dir, &mut tracker, &progress, crate::ship::wall_ns()) {
+            let polled = {
+                let mut t = tracker.lock().unwrap_or_else(PoisonError::into_inner);
+                poll_segments(&dir, &mut t, &progress, crate::ship::wall_ns())
+            };
+            let ok = match polled {
                 Ok(_) => true,
                 Err(e) => {
                     if up != Some(false) {
@@ -292,10 +305,24 @@ pub fn start(
                 shared.set_up("nccl", ok);
                 up = Some(ok);
             }
-            if !tracker.wait_for_exit(POLL_EVERY, &shared.stop, crate::ship::wall_ns) {
+            if !SegmentTracker::wait_for_exit(
+                &tracker,
+                POLL_EVERY,
+                &shared.stop,
+                crate::ship::wall_ns,
+            ) {
                 return;
             }
         }
+    })
+}
+
+/// The read of `dir` that the shipper makes just before each flush, sharing `tracker`
+/// with the segment reader's own polls. An unreadable directory is reported by those.
+fn reader(dir: PathBuf, tracker: Arc<Mutex<SegmentTracker>>) -> crate::progress::Reader {
+    Arc::new(move |p: &Progress| {
+        let mut t = tracker.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = poll_segments(&dir, &mut t, p, crate::ship::wall_ns());
     })
 }
 
@@ -973,6 +1000,32 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_holds_every_completion_written_before_it_was_cut() {
+        let node = Node::new();
+        let ctx = node.open(0xabc, Some(3));
+        let tracker = Arc::new(Mutex::new(node.tracker()));
+        let p = Progress::default();
+        p.read_before_flush(reader(node.shm.path().to_owned(), Arc::clone(&tracker)));
+        // The reader's own poll saw the collective in flight; it then completed, and
+        // that poll's next turn has not come when the batch is cut.
+        let slot = ctx.start_task(&allreduce(0)).expect("a slot");
+        node.poll(&mut tracker.lock().expect("tracker"), &p, 1_000);
+        shm::stop_task(slot);
+        shm::start_child(slot, true);
+        shm::stop_child(slot, true);
+        p.read_sources();
+        let jobs = cut(&p);
+        let done: Vec<u64> = jobs[0]
+            .collectives
+            .iter()
+            .filter(|e| !e.in_flight())
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(done, vec![1], "{:?}", jobs[0].collectives);
+        shm::close(ctx);
+    }
+
+    #[test]
     fn a_live_rank_is_registered_and_its_collectives_reported() {
         let node = Node::new();
         let ctx = node.open(0xabc, Some(3));
@@ -1355,24 +1408,46 @@ mod tests {
         );
         let stop = crate::runtime::StopFlag::default();
         let before = std::time::Instant::now();
-        assert!(t.wait_for_exit(Duration::from_millis(300), &stop, || 7));
+        let t = Mutex::new(t);
+        assert!(SegmentTracker::wait_for_exit(
+            &t,
+            Duration::from_millis(300),
+            &stop,
+            || 7
+        ));
         assert!(
             before.elapsed() >= Duration::from_millis(290),
             "no exit: it waited"
         );
-        assert_eq!(t.processes[&(pid, ticks)].exited_at_ns, None);
+        assert_eq!(
+            t.lock().expect("tracker").processes[&(pid, ticks)].exited_at_ns,
+            None
+        );
         child.kill().expect("kill");
         let before = std::time::Instant::now();
-        assert!(t.wait_for_exit(Duration::from_secs(20), &stop, || 42));
+        assert!(SegmentTracker::wait_for_exit(
+            &t,
+            Duration::from_secs(20),
+            &stop,
+            || 42
+        ));
         assert!(
             before.elapsed() < Duration::from_secs(5),
             "the exit woke it: {:?}",
             before.elapsed()
         );
-        assert_eq!(t.processes[&(pid, ticks)].exited_at_ns, Some(42));
+        assert_eq!(
+            t.lock().expect("tracker").processes[&(pid, ticks)].exited_at_ns,
+            Some(42)
+        );
         let _ = child.wait();
         // Nothing watched: it sleeps, and a raised stop flag ends the wait.
         stop.raise();
-        assert!(!t.wait_for_exit(Duration::from_secs(20), &stop, || 0));
+        assert!(!SegmentTracker::wait_for_exit(
+            &t,
+            Duration::from_secs(20),
+            &stop,
+            || 0
+        ));
     }
 }

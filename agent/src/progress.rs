@@ -41,6 +41,21 @@ struct Book {
     dropped: u64,
     /// Wakes the shipper for a record detection needs at once (`ship::URGENT_GAP`).
     wake: Arc<Notify>,
+    /// Sources read just before every flush.
+    readers: Readers,
+}
+
+/// A source that the shipper reads just before each flush, besides its own schedule.
+pub type Reader = Arc<dyn Fn(&Progress) + Send + Sync>;
+
+/// The sources read before every flush.
+#[derive(Default)]
+struct Readers(Vec<Reader>);
+
+impl std::fmt::Debug for Readers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} reader(s)", self.0.len())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -242,6 +257,23 @@ impl Progress {
     /// Ranks registered now, over all jobs.
     pub fn ranks(&self) -> usize {
         self.lock().jobs.values().map(|j| j.ranks.len()).sum()
+    }
+
+    /// Have `read` called just before every flush (by [`Progress::read_sources`]). A
+    /// source that polls on its own schedule (the NCCL profiler's segments) would
+    /// otherwise leave a batch up to one poll behind the moment it is cut, while the
+    /// controller takes a batch as complete up to that moment.
+    pub fn read_before_flush(&self, read: Reader) {
+        self.lock().readers.0.push(read);
+    }
+
+    /// Read every source registered with [`Progress::read_before_flush`] (outside the
+    /// book's lock: each reports into this same book).
+    pub fn read_sources(&self) {
+        let readers = self.lock().readers.0.clone();
+        for read in readers {
+            read(self);
+        }
     }
 
     /// Cut this flush's records at `now_ns` (agent wall clock) into `pending`.

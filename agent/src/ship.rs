@@ -560,8 +560,12 @@ impl<T: Transport> Shipper<T> {
         }
     }
 
-    /// Seal what is pending into the outbox; returns the records sealed.
+    /// Seal what is pending into the outbox, once the sources that are read before a
+    /// flush have been read; returns the records sealed.
     pub fn seal(&mut self, pending: &SharedPending) -> usize {
+        if let Some(progress) = &self.progress {
+            progress.read_sources();
+        }
         let (gpus, events, jobs, n) = {
             let mut p = lock(pending);
             if let Some(progress) = &self.progress {
@@ -956,6 +960,23 @@ mod tests {
             let shipped = got.iter().any(|b| !b.jobs.is_empty());
             assert_eq!(shipped, urgent, "urgent {urgent}: {got:?}");
         }
+    }
+
+    #[test]
+    fn a_source_read_before_a_flush_is_read_into_the_batch_it_cuts() {
+        let (_, mut sh) = slow_shipper();
+        let progress = crate::progress::Progress::default();
+        let reads = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = Arc::clone(&reads);
+        progress.read_before_flush(Arc::new(move |p: &crate::progress::Progress| {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            p.metric("j", metric(f64::from(n)));
+        }));
+        sh = sh.with_progress(progress);
+        let pending = SharedPending::default();
+        assert_eq!(sh.seal(&pending), 1, "what the read found is in the batch");
+        assert_eq!(sh.seal(&pending), 1, "read again for the next one");
+        assert_eq!(reads.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -21,7 +21,8 @@ pub const REGISTRATION_SECS: f64 = 10.0;
 /// How many later batches repeat a critical record.
 const CRITICAL_REPEATS: u8 = 2;
 
-/// The agent reads the NCCL plugin's segments this often, seconds (`capture.shm_poll`).
+/// The agent reads the NCCL plugin's segments this often, seconds, and again just before
+/// it cuts each batch, so a batch holds every record stamped before its cut.
 pub const SEGMENT_POLL_SECS: f64 = 0.5;
 /// The agent reads `warden_torch`'s socket this often while processes are connected,
 /// seconds; `warden_torch`'s own thread asks device works whether they ran as often.
@@ -189,7 +190,7 @@ pub struct Agent {
     pub failed_batches: u64,
     /// The capture path this agent reads.
     capture: Capture,
-    /// Phase of this agent's reads of the capture path, seconds.
+    /// Phase of this agent's reads of `warden_torch`'s socket, seconds.
     read_phase: f64,
 }
 
@@ -197,11 +198,7 @@ impl Agent {
     /// The agent of node `node`, reading `capture`.
     pub fn new(node: u32, name: String, offset_ns: i64, seed: u64, capture: Capture) -> Self {
         let h = fnv1a(format!("{seed}/{name}").as_bytes());
-        let read_period = match capture {
-            Capture::Nccl | Capture::NcclProxy => SEGMENT_POLL_SECS,
-            Capture::Torch => TORCH_READ_SECS,
-        };
-        let read_phase = (h >> 11) as f64 / (1u64 << 53) as f64 * read_period;
+        let read_phase = (h >> 11) as f64 / (1u64 << 53) as f64 * TORCH_READ_SECS;
         Agent {
             node,
             agent_id: format!("agent-{name}-{:08x}", h as u32),
@@ -223,17 +220,20 @@ impl Agent {
         }
     }
 
-    /// When this agent has read a capture record stamped at `x` (seconds): at its next
-    /// read of the plugin's segments or of `warden_torch`'s socket.
+    /// When a batch cut at `t` holds a capture record stamped at `x` (seconds) from the
+    /// agent's point of view: the plugin's segments are read just before every cut, so
+    /// any `x` up to it; `warden_torch`'s socket at the agent's next read of it.
     fn read_at(&self, x: f64) -> f64 {
         if !x.is_finite() {
             return x;
         }
-        let period = match self.capture {
-            Capture::Nccl | Capture::NcclProxy => SEGMENT_POLL_SECS,
-            Capture::Torch => TORCH_READ_SECS,
-        };
-        self.read_phase + ((x - self.read_phase) / period).ceil().max(0.0) * period
+        match self.capture {
+            Capture::Nccl | Capture::NcclProxy => x,
+            Capture::Torch => {
+                let period = TORCH_READ_SECS;
+                self.read_phase + ((x - self.read_phase) / period).ceil().max(0.0) * period
+            }
+        }
     }
 
     /// The end the path reports for `c`, seconds (infinite: none).

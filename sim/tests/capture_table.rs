@@ -166,10 +166,37 @@ fn the_simulator_emits_what_the_capture_table_says() {
         // Read interval: the simulator's constants are the table's.
         let read = cell(&rows, "read by the agent", capture);
         let want = match capture {
-            Capture::Nccl | Capture::NcclProxy => format!("every {} s", SEGMENT_POLL_SECS),
+            Capture::Nccl | Capture::NcclProxy => {
+                format!(
+                    "every {} s and just before each batch is cut",
+                    SEGMENT_POLL_SECS
+                )
+            }
             Capture::Torch => format!("every {} ms", (TORCH_READ_SECS * 1e3).round()),
         };
         assert!(read.starts_with(&want), "{label}: {read:?} is not {want:?}");
+        if read.contains("before each batch is cut") {
+            // A batch holds every completion stamped before its cut: nothing it shows in
+            // flight had ended by then.
+            let end: HashMap<(u64, u32, u64), i64> = completed
+                .iter()
+                .map(|c| ((c.comm, c.rank, c.seq), c.end_ns))
+                .collect();
+            for b in &batches {
+                for c in b.jobs.iter().flat_map(|j| &j.collectives) {
+                    if let Some(&e) = end.get(&(c.comm, c.rank, c.seq)).filter(|_| c.end_ns == 0) {
+                        assert!(
+                            e > b.sent_at_ns,
+                            "{label}: {} seq {} of rank {} in flight in a batch cut {} ns after it ended",
+                            c.comm,
+                            c.seq,
+                            c.rank,
+                            b.sent_at_ns - e
+                        );
+                    }
+                }
+            }
+        }
         // Point-to-point traffic, on pair communicators named as the path names them.
         let p2p = cell(&rows, "point-to-point", capture);
         let prefix = p2p
