@@ -1026,6 +1026,47 @@ mod tests {
     }
 
     #[test]
+    fn the_running_reader_is_read_again_before_each_flush() {
+        let node = Node::new();
+        let ctx = node.open(0xabc, Some(3));
+        let slot = ctx.start_task(&allreduce(0)).expect("a slot");
+        let cfg = crate::config::CaptureConfig {
+            enabled: true,
+            proc_root: node.proc.path().to_owned(),
+            shm_dir: node.shm.path().to_owned(),
+            ..crate::config::CaptureConfig::default()
+        };
+        let registry = prometheus::Registry::new();
+        let shared = crate::runtime::Shared {
+            pending: crate::ship::SharedPending::default(),
+            metrics: Arc::new(crate::metrics::AgentMetrics::register(&registry).expect("metrics")),
+            window: Arc::new(Mutex::new(crate::window::LogWindow::new(1 << 16))),
+            collectors_down: Arc::default(),
+            stop: Arc::new(crate::runtime::StopFlag::default()),
+            gpu_map: Arc::default(),
+        };
+        let p = Progress::default();
+        let thread = start(&cfg, &shared, &p).expect("the reader runs");
+        // Its first poll registered the rank; its next is 0.5 s away. The collective
+        // completes now, and a flush straight after holds it.
+        warden_testkit::wait_for("the reader's first poll", warden_testkit::PATIENCE, || {
+            (p.ranks() == 1).then_some(())
+        });
+        shm::stop_task(slot);
+        shm::start_child(slot, true);
+        shm::stop_child(slot, true);
+        p.read_sources();
+        let done = cut(&p)
+            .iter()
+            .flat_map(|j| &j.collectives)
+            .any(|e| e.seq == 1 && !e.in_flight());
+        shared.stop.raise();
+        thread.join().expect("the reader ends");
+        assert!(done, "the completion is in the batch cut right after it");
+        shm::close(ctx);
+    }
+
+    #[test]
     fn a_live_rank_is_registered_and_its_collectives_reported() {
         let node = Node::new();
         let ctx = node.open(0xabc, Some(3));
