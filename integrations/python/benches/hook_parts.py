@@ -1,6 +1,6 @@
 """What each part of warden_torch's per-operation work costs a synchronous all_reduce.
 
-One gloo rank (127.0.0.1), a one-float ``dist.all_reduce`` timed with nothing attached,
+One gloo rank, a one-float ``dist.all_reduce`` timed with nothing attached,
 then with process-group hooks that do one part of what ``warden_torch`` does each:
 no-op pre- and post-hooks (the hook mechanism), a pre-hook that reads the operation's
 name, inputs and id, and a post-hook that attaches a no-op completion callback to the
@@ -12,8 +12,8 @@ time per call of each over 7 blocks, less the bare call.
 """
 
 import argparse
-import os
 import statistics
+import tempfile
 import time
 
 import torch
@@ -26,9 +26,9 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=3000)
     args = p.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29731")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # A file rendezvous: one rank needs no port.
+    store = tempfile.NamedTemporaryFile(prefix="hook-parts-")
+    dist.init_process_group("gloo", init_method="file://" + store.name, rank=0, world_size=1)
     pg = dist.distributed_c10d._get_default_group()
     t = torch.ones(1)
 
