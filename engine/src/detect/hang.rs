@@ -8,7 +8,10 @@
 //! collective, the culprit is a stopped process among the members stuck there, else
 //! the stuck members are named as suspects. When every member entered and none
 //! completed, the wait must pass an iteration as well as the bound before it is a hang:
-//! an entry is seen at enqueue, possibly while that rank's GPU still computes.
+//! an entry is seen at enqueue, possibly while that rank's GPU still computes. That wait
+//! runs from the last member's entry: until then the collective could not complete
+//! (the members waited for a laggard, which the culprit rules judge, not a fault inside
+//! it: after a checkpoint, ranks come back more than a second apart).
 
 use warden_model::wire::CollOp;
 use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
@@ -114,6 +117,9 @@ struct Stall<'a> {
     seq: u64,
     waiting: usize,
     oldest: Timestamp,
+    /// When the last of the members inside entered: with none missing, the moment the
+    /// collective could first have completed.
+    all_in: Timestamp,
     missing: Vec<u32>,
     bound: f64,
     /// How long the waiters were away from collectives before entering (median), s.
@@ -167,6 +173,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         }
         let mut waiting = 0;
         let mut oldest = Timestamp::MAX;
+        let mut all_in = Timestamp::ZERO;
         let mut still_reported = Timestamp::ZERO;
         let mut waiter_gaps: Vec<f64> = Vec::new();
         let mut missing = Vec::new();
@@ -182,6 +189,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
                 if job.moved_on_at(m.rank) <= m.last_started_at {
                     waiting += 1;
                     oldest = oldest.min(m.last_started_at);
+                    all_in = all_in.max(m.last_started_at);
                     still_reported = still_reported.max(if unconfirmed {
                         // Its record says completed; its agent has said nothing newer.
                         job.ranks
@@ -240,7 +248,10 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             .unwrap_or(now)
             .min(now)
             .min(still_reported);
-        if known_until.secs_since(oldest) < bound {
+        // With every member inside, the collective could not complete before the last
+        // one entered: only the wait since then is one inside it.
+        let since = if missing.is_empty() { all_in } else { oldest };
+        if known_until.secs_since(since) < bound {
             continue;
         }
         let waiter_gap = crate::state::median(&mut waiter_gaps).unwrap_or(0.0);
@@ -249,6 +260,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             seq,
             waiting,
             oldest,
+            all_in,
             missing,
             bound,
             waiter_gap,
@@ -334,10 +346,13 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         // be while that rank's GPU still computes the step: a rank that began computing
         // slower (a straggler's first slow step) holds an entered collective for up to
         // an iteration more than any wait seen before, and then completes it. Without
-        // a stopped member, only a wait past both the bound and an iteration is a hang.
+        // a stopped member, only a wait past both the bound and an iteration is a hang,
+        // counted from the last member's entry (before it, the collective could not
+        // complete: the members waited for a laggard, such as a rank back late from a
+        // checkpoint).
         let Some(s) = stalls
             .iter()
-            .filter(|s| now.secs_since(s.oldest) >= s.bound.max(iteration.unwrap_or(0.0)))
+            .filter(|s| now.secs_since(s.all_in) >= s.bound.max(iteration.unwrap_or(0.0)))
             .min_by_key(|s| s.oldest)
         else {
             return vec![];
@@ -355,12 +370,12 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
             confidence: 0.3,
             severity: Severity::Critical,
             summary: format!(
-                "all {} members of {} entered {op} seq {} and none completed it for {:.1} s; \
-                 suspect the GPUs or links they share",
+                "all {} members of {} entered {op} seq {} and none completed it for {:.1} s \
+                 after the last of them entered; suspect the GPUs or links they share",
                 s.waiting,
                 s.comm.label(),
                 s.seq,
-                now.secs_since(s.oldest)
+                now.secs_since(s.all_in)
             ),
             evidence: vec![],
         })];

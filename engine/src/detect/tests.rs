@@ -424,6 +424,35 @@ fn a_straggler_s_first_slow_step_with_everyone_inside_is_no_hang() {
 }
 
 #[test]
+fn a_collective_everyone_entered_is_timed_from_the_last_entry_not_the_first() {
+    // Back from a 30 s checkpoint, ranks 0-2 enter seq 10 at 39.0 and rank 3 only at
+    // 40.45; at 40.5 every agent still reports all four inside (a torch capture sees
+    // the completion on its next poll). The 1.5 s since the first entry is a wait for
+    // the laggard, not a fault inside the collective: it could not complete before
+    // 40.45.
+    let mut j = steady(4);
+    for r in 0..3 {
+        j.coll(7, r, 10, 39.0, None);
+    }
+    j.coll(7, 3, 10, 40.45, None);
+    j.heartbeats(40.5);
+    check(&j, IncidentKind::Hang, 40.5, None);
+    j.heartbeats(41.0);
+    check(&j, IncidentKind::Hang, 41.0, None);
+    // Still nobody completed it past the bound (and an iteration) after the last
+    // entry: that is a hang inside it.
+    j.heartbeats(41.6);
+    let f = j.findings(IncidentKind::Hang, 41.6);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert!(f[0].ranks.is_empty() && f[0].nodes.len() == 4, "{f:#?}");
+    assert!(
+        f[0].summary.contains("after the last of them entered"),
+        "{}",
+        f[0].summary
+    );
+}
+
+#[test]
 fn hang_with_everyone_inside_names_a_stopped_process() {
     let mut j = steady(4);
     for r in 0..4 {
