@@ -6,7 +6,7 @@ ran. A stand-in work of that shape goes through ``warden_torch._finish``: no end
 reported while it has not run, one end once it has. A work on device tensors is watched
 the same way even when its future is not yet done when the call returns (it completes
 at enqueue a moment later). A work whose future completes with it (gloo) is reported
-from the future, as before. No GPU and no process group needed.
+once its future is done, found by the same poll. No GPU and no process group needed.
 
     python3 check_device_work.py      # exit 0: the check passed
 """

@@ -97,9 +97,12 @@ class _State:
         self.hooked = set()
         self.unwaited = {}
         self.wait_patched = False
+        # Works whose ends our thread watches: host works by id, device works in order.
+        self.host_works = {}
         self.device_works = []
-        self.device_cv = threading.Condition()
-        self.device_thread = None
+        self.poll_cv = threading.Condition()
+        self.poll_thread = None
+        self.poll_idle = False
         self.mode = None
         self.sent = 0
         self.dropped = 0
@@ -347,6 +350,10 @@ def _begin(st, dist, pg, op, peer, nbytes):
     else:
         c = _pg_comm(st, dist, pg)
     seq = next(c.seq)
+    if st.host_works:
+        # What ended before this operation began is reported before it: each rank's
+        # reports stay in the order things happened.
+        _poll_host(st)
     st.send(_wire.start(st.pid, st.rank, c.id, seq, op, nbytes, time.time_ns()))
     return c, seq
 
@@ -462,36 +469,33 @@ def _on_device(x):
 
 
 def _finish(st, work, key, device=False):
-    """Report the end of ``work`` when it completes on this rank: for a device work
-    (``device``, or a future already done before the work ran), when the work says it
-    ran; otherwise from its future's callback, or, where the backend has none, when it
-    is waited for."""
+    """Report the end of ``work`` when it completes on this rank. A device work
+    (``device``, or a future already done while the work has not run: NCCL completes its
+    future at enqueue) ends when the work says it ran. A host work (gloo) ends when its
+    future is done: seen when the work is waited for, when the next operation begins,
+    or by the next poll, whichever comes first. Where the backend gives no future, when it is waited for.
+
+    Nothing is hung on the future itself: its callback would run on the backend's
+    worker thread, which must take the GIL from the training thread for every
+    operation (``benches/hook_parts.py``), inside a synchronous call's own time."""
     c, seq = key
-
-    def done(f):
-        try:
-            f.value()
-        except Exception:
-            return None  # failed: it did not complete
-        try:
-            st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
-        except Exception:
-            pass
-        return None
-
     try:
         if device:
             # Its future may complete at enqueue, whether or not it has yet: only the
             # work's own events say when it ran.
-            _watch_device(st, work, c, seq)
+            _watch(st, work, None, c, seq)
             return
         fut = work.get_future()
-        if fut.done() and not work.is_completed():
-            # A device work (NCCL): its future completes when the work is enqueued on
-            # the stream, not when it ran; the work itself says when it did.
-            _watch_device(st, work, c, seq)
-        else:
-            fut.then(done)
+        if fut.done():
+            if not work.is_completed():
+                # A device work (NCCL): its future completes when the work is enqueued
+                # on the stream, not when it ran; the work itself says when it did.
+                _watch(st, work, None, c, seq)
+            elif _succeeded(fut):
+                st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
+            return
+        _watch_wait(st)
+        _watch(st, work, fut, c, seq)
         return
     except Exception:
         pass
@@ -500,51 +504,102 @@ def _finish(st, work, key, device=False):
         st.unwaited[id(work)] = (work, c, seq)
 
 
-# How often enqueued device works are asked whether they ran.
-_DEVICE_POLL_S = 0.02
+def _succeeded(fut):
+    """Whether done future ``fut`` holds a value (a failed operation did not complete)."""
+    try:
+        fut.value()
+        return True
+    except Exception:
+        return False
 
 
-def _watch_device(st, work, c, seq):
-    """Report the end of a device work when ``work.is_completed()`` (which queries its
-    CUDA events without blocking) says it ran, from a thread of our own."""
-    with st.device_cv:
-        if len(st.device_works) >= _MAX_UNWAITED:
-            return
-        st.device_works.append((work, c, seq))
-        if st.device_thread is None:
-            t = threading.Thread(target=_device_loop, args=(st,), name="warden-torch-device", daemon=True)
-            st.device_thread = t
-            t.start()
-        st.device_cv.notify()
+# How often works not yet seen to end are asked whether they have, seconds: a wake of
+# our own thread per interval, whatever the number of operations.
+_POLL_S = 0.02
+# Empty polls after which the thread sleeps until a work comes: it keeps its pace
+# through a job's steps, and costs nothing in a process that stopped communicating.
+_IDLE_POLLS = 50
 
 
-def _device_loop(st):
+def _watch(st, work, fut, c, seq):
+    """Have our thread report the end of ``work``: a host work (``fut``, its future)
+    when the future is done (unless a ``wait()`` reported it first), a device work
+    (``fut`` None) when ``work.is_completed()``, which queries its CUDA events without
+    blocking, says it ran."""
+    if fut is None:
+        with st.poll_cv:
+            if len(st.device_works) >= _MAX_UNWAITED:
+                return
+            st.device_works.append((work, c, seq))
+    elif len(st.host_works) < _MAX_UNWAITED:
+        st.host_works[id(work)] = (work, fut, c, seq)
+    else:
+        return
+    if st.poll_idle or st.poll_thread is None:
+        with st.poll_cv:
+            if st.poll_thread is None:
+                t = threading.Thread(target=_poll_loop, args=(st,), name="warden-torch-poll", daemon=True)
+                st.poll_thread = t
+                t.start()
+            st.poll_cv.notify()
+
+
+def _poll_loop(st):
+    empty = 0
     while not st.exited:
-        with st.device_cv:
-            while not st.device_works and not st.exited:
-                st.device_cv.wait(1.0)
-            pending = st.device_works
-            st.device_works = []
-        keep = []
-        for entry in pending:
-            work, c, seq = entry
-            try:
-                ran = work.is_completed()
-            except Exception:
-                continue  # failed or gone: it did not complete
-            if ran:
-                if not st.exited:
-                    st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
-            else:
-                keep.append(entry)
-        if keep:
-            with st.device_cv:
-                st.device_works[:0] = keep
-            time.sleep(_DEVICE_POLL_S)
+        if empty >= _IDLE_POLLS:
+            with st.poll_cv:
+                # Idle is set before the works are looked at: a work added after the
+                # look finds it set and wakes us.
+                st.poll_idle = True
+                while not st.device_works and not st.host_works and not st.exited:
+                    st.poll_cv.wait(1.0)
+                st.poll_idle = False
+            empty = 0
+        empty = 0 if _poll(st) else empty + 1
+        time.sleep(_POLL_S)
+
+
+def _poll(st):
+    """Report the end of every watched work that has ended; whether any was watched."""
+    with st.poll_cv:
+        pending = st.device_works
+        st.device_works = []
+    keep = []
+    for entry in pending:
+        work, c, seq = entry
+        try:
+            ran = work.is_completed()
+        except Exception:
+            continue  # failed or gone: it did not complete
+        if ran:
+            if not st.exited:
+                st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
+        else:
+            keep.append(entry)
+    if keep:
+        with st.poll_cv:
+            st.device_works[:0] = keep
+    _poll_host(st)
+    return bool(pending or st.host_works)
+
+
+def _poll_host(st):
+    """Report the end of every watched host work whose future is done."""
+    for k, (work, fut, c, seq) in list(st.host_works.items()):
+        try:
+            if not fut.done():
+                continue
+        except Exception:
+            pass
+        # Whoever takes it off reports it: the poll, the next operation, or the wait().
+        if st.host_works.pop(k, None) is not None and _succeeded(fut) and not st.exited:
+            st.send(_wire.end(st.pid, st.rank, c.id, seq, time.time_ns()))
 
 
 def _watch_wait(st):
-    """Patch ``Work.wait`` once, to report the ends of works that have no future."""
+    """Patch ``Work.wait`` once, to report the end of a work when a wait for it
+    returns: at once for a synchronous operation, which waits for its own work."""
     if st.wait_patched:
         return
     st.wait_patched = True
@@ -557,13 +612,22 @@ def _watch_wait(st):
     def wait(self, *args, **kwargs):
         result = orig(self, *args, **kwargs)
         s = _state
-        if s is not None and s.unwaited:
+        if s is None or result is False:
+            return result
+        entry = None
+        if s.host_works:
+            entry = s.host_works.pop(id(self), None)
+            if entry is not None:
+                entry = entry[2], entry[3]
+        if entry is None and s.unwaited:
             entry = s.unwaited.pop(id(self), None)
-            if entry is not None and not s.exited:
-                try:
-                    s.send(_wire.end(s.pid, s.rank, entry[1].id, entry[2], time.time_ns()))
-                except Exception:
-                    pass
+            if entry is not None:
+                entry = entry[1], entry[2]
+        if entry is not None and not s.exited:
+            try:
+                s.send(_wire.end(s.pid, s.rank, entry[0].id, entry[1], time.time_ns()))
+            except Exception:
+                pass
         return result
 
     raw = vars(Work).get("wait", orig)
@@ -916,9 +980,11 @@ def shutdown(code=0, message=""):
     if st is None or st.exited:
         return
     try:
+        # Ends that happened since the last poll are reported before the goodbye.
+        _poll(st)
         st.exited = True
-        with st.device_cv:
-            st.device_cv.notify_all()
+        with st.poll_cv:
+            st.poll_cv.notify_all()
         goodbye = _wire.exit_(st.pid, st.rank, int(code), time.time_ns(), message)
         for obj, name, orig in reversed(st.patched):
             if orig is None:
