@@ -473,7 +473,8 @@ def _finish(st, work, key, device=False):
     (``device``, or a future already done while the work has not run: NCCL completes its
     future at enqueue) ends when the work says it ran. A host work (gloo) ends when its
     future is done: seen when the work is waited for, when the next operation begins,
-    or by the next poll, whichever comes first. Where the backend gives no future, when it is waited for.
+    or by the next poll, whichever comes first. Where the backend gives no future, when
+    it is waited for.
 
     Nothing is hung on the future itself: its callback would run on the backend's
     worker thread, which must take the GIL from the training thread for every
@@ -532,7 +533,7 @@ def _watch(st, work, fut, c, seq):
                 return
             st.device_works.append((work, c, seq))
     elif len(st.host_works) < _MAX_UNWAITED:
-        st.host_works[id(work)] = (work, fut, c, seq)
+        st.host_works[id(work)] = (work, c, seq, fut)
     else:
         return
     if st.poll_idle or st.poll_thread is None:
@@ -586,7 +587,7 @@ def _poll(st):
 
 def _poll_host(st):
     """Report the end of every watched host work whose future is done."""
-    for k, (work, fut, c, seq) in list(st.host_works.items()):
+    for k, (work, c, seq, fut) in list(st.host_works.items()):
         try:
             if not fut.done():
                 continue
@@ -614,18 +615,13 @@ def _watch_wait(st):
         s = _state
         if s is None or result is False:
             return result
-        entry = None
-        if s.host_works:
-            entry = s.host_works.pop(id(self), None)
-            if entry is not None:
-                entry = entry[2], entry[3]
+        # Both hold (work, communicator, seq, ...): a host work, or one without a future.
+        entry = s.host_works.pop(id(self), None) if s.host_works else None
         if entry is None and s.unwaited:
             entry = s.unwaited.pop(id(self), None)
-            if entry is not None:
-                entry = entry[1], entry[2]
         if entry is not None and not s.exited:
             try:
-                s.send(_wire.end(s.pid, s.rank, entry[0].id, entry[1], time.time_ns()))
+                s.send(_wire.end(s.pid, s.rank, entry[1].id, entry[2], time.time_ns()))
             except Exception:
                 pass
         return result
