@@ -291,10 +291,11 @@ const SCRAPE_SECS: u64 = 1;
 const GRAFANA_INTERVAL: &str = "1s";
 const GRAFANA_RATE_INTERVAL: &str = "4s";
 
-/// Virtual seconds per wall second for the demo. The demo serves its API only while its
-/// run lasts, about 75 s at this speed (the last of its faults ends the run a few
-/// seconds later): phase 2 posts to it after phase 1, which a loaded machine may
-/// stretch by tens of seconds.
+/// Virtual seconds per wall second for the demo. Its run lasts about 75 s at this speed
+/// (the last of its faults ends the run a few seconds later), and its controller ticks
+/// only while the run lasts (the API stays up after it, until the demo is stopped):
+/// phase 2 posts to it after phase 1, which a loaded machine may stretch by tens of
+/// seconds.
 const DEMO_SPEED: &str = "6";
 
 fn repo() -> PathBuf {

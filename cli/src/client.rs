@@ -21,14 +21,21 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The paging header of `GET /api/v1/incidents`.
 pub const NEXT_AFTER: &str = "x-warden-next-after";
 
-/// Exit code of a usage or configuration error.
+// The exit codes of every `warden` command (docs/CLI.md, "Exit codes"); 1 is any other
+// failure.
+
+/// Exit code of a usage or configuration error: a bad option, a bad configuration,
+/// scenario or rules file. Nothing was done.
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code of a refused token (401 or 403).
 pub const EXIT_AUTH: u8 = 3;
-/// Exit code of a 404.
+/// Exit code of something not found: a 404, or an input file that cannot be opened.
 pub const EXIT_NOT_FOUND: u8 = 4;
 /// Exit code of a 409 (already drained, already resolved).
 pub const EXIT_CONFLICT: u8 = 5;
+/// Exit code of input that is not usable: a binary file given as a log, a corpus
+/// line that is not a case.
+pub const EXIT_DATA: u8 = 6;
 
 /// Why an operator command failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

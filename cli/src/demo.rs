@@ -1,10 +1,14 @@
 //! `warden demo`: a simulated job with a scripted fault mix, paced in virtual time,
-//! feeding an in-process controller whose API is served while it runs; incidents are
-//! printed as they open, change and resolve, and each node the node-health ledger
-//! takes out is followed through its health check (answered by the simulator, which
-//! knows whether the node's GPUs recover) until it returns or is marked bad.
+//! feeding an in-process controller whose API is served while it runs and after, until
+//! Ctrl-C (`--exit-when-done`: not after); incidents are printed as they open, change
+//! and resolve, and each node the node-health ledger takes out is followed through its
+//! health check (answered by the simulator, which knows whether the node's GPUs
+//! recover) until it returns or is marked bad. The job's checkpoints are written as
+//! PyTorch DCP directories as each save completes, and a restart resumes from the
+//! latest.
 
 use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +33,7 @@ use warden_model::view::IncidentView;
 use warden_model::{IncidentState, Timestamp};
 use warden_sim::{Progress, RunOptions, SIM_EPOCH, Scenario, Simulation};
 
-use crate::{DemoArgs, EXIT_CONFIG, show};
+use crate::{DemoArgs, EXIT_USAGE, show};
 
 /// `print!` for the demo, which must not end before its data directory is removed: when
 /// stdout cannot be written (its reader went away), the demo stops at its next step and
@@ -72,7 +76,7 @@ pub fn main(args: DemoArgs) -> anyhow::Result<ExitCode> {
             "warden demo: --speed must be a positive number, got {}",
             args.speed
         );
-        return Ok(ExitCode::from(EXIT_CONFIG));
+        return Ok(ExitCode::from(EXIT_USAGE));
     }
     let loaded = match &args.scenario {
         Some(path) => Scenario::load(path),
@@ -82,7 +86,7 @@ pub fn main(args: DemoArgs) -> anyhow::Result<ExitCode> {
         Ok(s) => s,
         Err(e) => {
             eprintln!("warden demo: invalid scenario: {e}");
-            return Ok(ExitCode::from(EXIT_CONFIG));
+            return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -111,6 +115,9 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         .await
         .context("opening the demo's SQLite store")?;
     let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
+    // The job saves its checkpoints here, one directory per job, as a real one would;
+    // a restart resumes from the latest complete one.
+    let checkpoints = data.path().join("checkpoints");
     // Remediation acts under the shipped policy and its rails; the simulated cluster has
     // no scheduler, so Warden's own node table is where its drains show.
     // A quarantined node's health check is answered by the simulator: it knows
@@ -126,6 +133,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
     let remedy = Remediator::new(
         RemedyConfig {
             dry_run: false,
+            checkpoint_dir: Some(format!("{}/{{job}}", checkpoints.display())),
             verify: VerifyConfig {
                 enabled: true,
                 after: VERIFY_AFTER,
@@ -193,6 +201,7 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
 
     let rules = RuleSet::builtin().context("loading the shipped log rules")?;
     let mut sim = Simulation::new(&scenario, RunOptions::default());
+    let mut saver = CheckpointSaver::new(checkpoints.join(&scenario.job.name));
     let mut sink = engine.engine();
     let mut status = Status::new(std::io::stderr().is_terminal());
     let started = Instant::now();
@@ -214,8 +223,14 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         let mut changes = sim.advance(&mut sink, target);
         clock.set(SIM_EPOCH.plus_secs(sim.now()));
         diagnose_opened(&engine, &rules, &metrics, &mut changes, clock.now());
+        // What happened in this advance, in the order it happened.
+        let mut lines = saver.save(&sim);
+        let mut acted = Vec::new();
         match remedy.pass(clock.now()).await {
-            Ok(report) => changes.extend(report.changes),
+            Ok(report) => {
+                changes.extend(report.changes);
+                acted = report.acted;
+            }
             Err(e) => eprintln!("warden demo: remediation failed: {e}"),
         }
         if let Err(e) = operator
@@ -242,10 +257,18 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
             (shown, open_incidents(&e))
         };
         for (change, view) in &shown {
-            status.clear();
-            demo_out!("{}", show::incident(*change, view));
+            let did = acted.contains(&view.id);
+            lines.push((
+                show::change_at(*change, view),
+                show::incident(*change, view, did),
+            ));
         }
-        health.print(&engine, &mut status);
+        lines.extend(health.lines(&engine));
+        lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (_, text) in lines {
+            status.clear();
+            demo_out!("{text}");
+        }
         let _ = std::io::stdout().flush();
         if warden_config::stdout::gone() {
             // Nobody reads the incidents any more: stop as if finished.
@@ -274,6 +297,9 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
         Err(e) => eprintln!("warden demo: cannot read the actions taken: {e}"),
     }
 
+    if let (Some(addr), false) = (api_addr, interrupted || args.exit_when_done) {
+        serve_until_ctrl_c(addr).await;
+    }
     if let Some(Server { stop, task }) = server {
         let _ = stop.send(());
         match tokio::time::timeout(SHUTDOWN_GRACE, task).await {
@@ -286,6 +312,75 @@ async fn run(args: DemoArgs, scenario: Scenario) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// After the run: say where the API is and wait for Ctrl-C (or for stdout to go, which
+/// says nobody is there to press it).
+async fn serve_until_ctrl_c(addr: std::net::SocketAddr) {
+    let base = format!("http://{addr}");
+    demo_outln!();
+    demo_outln!(
+        "The run is over; the controller API stays up on {base} until Ctrl-C \
+         (--exit-when-done: exit here). Try:"
+    );
+    demo_outln!("  curl -s {base}/api/v1/incidents");
+    demo_outln!("  warden incidents list --server {base}");
+    let _ = std::io::stdout().flush();
+    if warden_config::stdout::gone() {
+        return;
+    }
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        eprintln!("warden demo: cannot wait for Ctrl-C ({e}); stopping now");
+    }
+}
+
+/// Writes the simulated job's checkpoints as they complete: PyTorch Distributed
+/// Checkpoint directories (`step_N/` with a data file and `.metadata`, written last), as
+/// the controller's checkpoint reader finds a real job's.
+struct CheckpointSaver {
+    dir: PathBuf,
+    saved: usize,
+}
+
+impl CheckpointSaver {
+    fn new(dir: PathBuf) -> Self {
+        CheckpointSaver { dir, saved: 0 }
+    }
+
+    /// Write the checkpoints completed since the last call; a line for each (its time,
+    /// seconds since the start, and its text ending in a newline).
+    fn save(&mut self, sim: &Simulation) -> Vec<(f64, String)> {
+        let done = sim.checkpoints();
+        let mut lines = Vec::new();
+        for &(step, at) in done.iter().skip(self.saved) {
+            let path = self.dir.join(format!("step_{step}"));
+            match write_dcp(&path, step) {
+                Ok(()) => lines.push((
+                    at,
+                    format!(
+                        "[{at:>7.1}s] CHECKPOINT step {step} saved by every rank ({})\n",
+                        path.display()
+                    ),
+                )),
+                Err(e) => eprintln!(
+                    "warden demo: cannot write checkpoint {}: {e}",
+                    path.display()
+                ),
+            }
+        }
+        self.saved = done.len();
+        lines
+    }
+}
+
+/// A small DCP checkpoint of `step` at `path`: the data file first, `.metadata` last.
+fn write_dcp(path: &Path, step: u64) -> std::io::Result<()> {
+    std::fs::create_dir_all(path)?;
+    std::fs::write(
+        path.join("__0_0.distcp"),
+        format!("warden demo checkpoint, step {step}\n"),
+    )?;
+    std::fs::write(path.join(".metadata"), format!("step {step}\n"))
+}
+
 /// The node-health ledger's state changes printed so far, per node.
 #[derive(Default)]
 struct HealthShown {
@@ -293,31 +388,37 @@ struct HealthShown {
 }
 
 impl HealthShown {
-    /// Print the ledger's state changes not printed yet.
-    fn print(&mut self, engine: &SharedEngine, status: &mut Status) {
-        let lines: Vec<String> = {
-            let e = engine.lock();
-            let origin = e.origin();
-            let mut lines = Vec::new();
-            for n in e.ledger().nodes() {
-                let seen = self.seen.entry(n.node.clone()).or_default();
-                for t in n.history.iter().skip(*seen) {
-                    lines.push(format!(
-                        "[{:>9.1}s] NODE {} {} -> {}: {}",
-                        warden_model::view::rel(t.at, origin),
+    /// The ledger's state changes not shown yet: each one's time (seconds since the
+    /// start) and its line, ending in a newline.
+    fn lines(&mut self, engine: &SharedEngine) -> Vec<(f64, String)> {
+        let e = engine.lock();
+        let origin = e.origin();
+        let mut lines = Vec::new();
+        for n in e.ledger().nodes() {
+            let seen = self.seen.entry(n.node.clone()).or_default();
+            for t in n.history.iter().skip(*seen) {
+                let at = warden_model::view::rel(t.at, origin);
+                lines.push((
+                    at,
+                    format!(
+                        "[{at:>7.1}s] NODE {} {} -> {}: {}\n",
                         n.node,
                         t.from.as_str(),
                         t.to.as_str(),
                         t.reason
-                    ));
-                }
-                *seen = n.history.len();
+                    ),
+                ));
             }
-            lines
-        };
-        for l in lines {
+            *seen = n.history.len();
+        }
+        lines
+    }
+
+    /// Print the ledger's state changes not printed yet.
+    fn print(&mut self, engine: &SharedEngine, status: &mut Status) {
+        for (_, line) in self.lines(engine) {
             status.clear();
-            demo_outln!("{l}");
+            demo_out!("{line}");
         }
     }
 }
@@ -461,7 +562,10 @@ fn print_banner(scenario: &Scenario, speed: f64, api: Option<std::net::SocketAdd
     match api {
         Some(addr) => {
             let base = format!("http://{addr}");
-            demo_outln!("The controller API is served on {base} while the demo runs. Try:");
+            demo_outln!(
+                "The controller API is served on {base} while the demo runs and after it, \
+                 until Ctrl-C. Try:"
+            );
             demo_outln!("  curl -s {base}/api/v1/incidents");
             demo_outln!("  curl -s '{base}/api/v1/incidents?state=open&kind=straggler'");
             demo_outln!("  curl -s {base}/api/v1/jobs");

@@ -9,7 +9,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Context;
 use warden_diagnosis::eval::{Case, Evaluation, duplicate_id, evaluate_with, parse_corpus};
 use warden_diagnosis::input::{InputError, InputStats, LineReader, for_each_line};
 use warden_diagnosis::llm::{LlmConfig, LlmDiagnoser, Outcome};
@@ -17,12 +16,10 @@ use warden_diagnosis::llm_eval::{EvalCase, EvalReport, evaluate_corpus};
 use warden_diagnosis::rules::RuleSet;
 use warden_diagnosis::{Diagnosis, EvidenceLine, Pipeline, PipelineOptions, diagnose_lines};
 
-use crate::{DiagnoseArgs, EXIT_CONFIG};
+use crate::output::{self, Output};
+use crate::{DiagnoseArgs, EXIT_USAGE};
 
-/// Exit code of input that is not a usable log or corpus (EX_DATAERR in sysexits.h).
-pub const EXIT_DATA: u8 = 65;
-/// Exit code of an input file that cannot be opened (EX_NOINPUT in sysexits.h).
-pub const EXIT_NO_INPUT: u8 = 66;
+use crate::client::{EXIT_DATA, EXIT_NOT_FOUND};
 
 const READ_BUFFER_BYTES: usize = 256 * 1024;
 
@@ -65,7 +62,7 @@ fn run(args: &DiagnoseArgs) -> Result<ExitCode, Refusal> {
         Some(dir) => RuleSet::builtin_with_dir(dir),
         None => RuleSet::builtin(),
     }
-    .map_err(|e| Refusal::new(EXIT_CONFIG, e.to_string()))?;
+    .map_err(|e| Refusal::new(EXIT_USAGE, e.to_string()))?;
     // A bad model configuration is refused before any input is read.
     let llm = llm_client(args)?;
 
@@ -83,11 +80,11 @@ fn run(args: &DiagnoseArgs) -> Result<ExitCode, Refusal> {
         match &llm {
             None => {
                 let evaluation = run_eval(&rules, &cases)?;
-                print_eval(&evaluation, args.json).or_else(quiet_broken_pipe)?;
+                print_eval(&evaluation, args.output()).or_else(quiet_broken_pipe)?;
             }
             Some(llm) => {
                 let report = run_llm_eval(&rules, &cases, llm)?;
-                print_llm_eval(&report, &llm.config().model, args.json)
+                print_llm_eval(&report, &llm.config().model, args.output())
                     .or_else(quiet_broken_pipe)?;
             }
         }
@@ -106,15 +103,15 @@ fn run(args: &DiagnoseArgs) -> Result<ExitCode, Refusal> {
             answer
         }
     };
-    print_diagnosis(&answer, &rules_answer, &outcome.stats, args.json)
+    print_diagnosis(&answer, &rules_answer, &outcome.stats, args.output())
         .or_else(quiet_broken_pipe)?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// The model client the flags ask for, if any; flags that do not fit together, a bad
-/// URL or an unreadable key are refused with exit 64.
+/// URL or an unreadable key are refused with exit 2.
 fn llm_client(args: &DiagnoseArgs) -> Result<Option<LlmDiagnoser>, Refusal> {
-    let usage = |m: &str| Refusal::new(EXIT_CONFIG, m.to_owned());
+    let usage = |m: &str| Refusal::new(EXIT_USAGE, m.to_owned());
     let (url, model) = match (&args.llm_url, &args.llm_model) {
         (Some(url), Some(model)) => (url, model),
         (Some(_), None) => {
@@ -144,7 +141,7 @@ fn llm_client(args: &DiagnoseArgs) -> Result<Option<LlmDiagnoser>, Refusal> {
     }
     LlmDiagnoser::new(config)
         .map(Some)
-        .map_err(|e| Refusal::new(EXIT_CONFIG, format!("LLM configuration: {e}")))
+        .map_err(|e| Refusal::new(EXIT_USAGE, format!("LLM configuration: {e}")))
 }
 
 /// A single-threaded runtime for the requests to the model.
@@ -214,19 +211,20 @@ fn diagnose_inputs(rules: &RuleSet, files: &[PathBuf]) -> Result<RulesOutcome, R
             Some(path) => {
                 if path.is_dir() {
                     return Err(Refusal::new(
-                        EXIT_NO_INPUT,
+                        EXIT_NOT_FOUND,
                         format!("{name} is a directory, not a log file"),
                     ));
                 }
-                let file = File::open(path)
-                    .map_err(|e| Refusal::new(EXIT_NO_INPUT, format!("cannot open {name}: {e}")))?;
+                let file = File::open(path).map_err(|e| {
+                    Refusal::new(EXIT_NOT_FOUND, format!("cannot open {name}: {e}"))
+                })?;
                 Box::new(BufReader::with_capacity(READ_BUFFER_BYTES, file))
             }
         };
         let mut lines = LineReader::starting_at(reader, pipeline.lines() + 1);
         for_each_line(&mut lines, |line| pipeline.push(line)).map_err(|e| match e {
             InputError::Binary { .. } => Refusal::new(EXIT_DATA, format!("{name}: {e}")),
-            InputError::Io(_) => Refusal::new(EXIT_NO_INPUT, format!("{name}: {e}")),
+            InputError::Io(_) => Refusal::new(EXIT_NOT_FOUND, format!("{name}: {e}")),
         })?;
         if lines.stats().lines == 0 && !stdin_only {
             eprintln!("warden diagnose: warning: {name} is empty");
@@ -277,12 +275,11 @@ fn print_diagnosis(
     d: &Diagnosis,
     rules: &Diagnosis,
     stats: &InputStats,
-    json: bool,
+    format: Output,
 ) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    if json {
-        serde_json::to_writer_pretty(&mut out, d).context("encoding the diagnosis")?;
-        writeln!(out)?;
+    if format.is_document() {
+        out.write_all(output::document(format, d)?.as_bytes())?;
         return Ok(());
     }
     let category = d.category.map_or("unknown", |c| c.as_str());
@@ -293,7 +290,7 @@ fn print_diagnosis(
         d.fault_locus.map_or("unknown", |l| l.as_str())
     )?;
     writeln!(out, "Culprit:     {}", d.culprit.text)?;
-    writeln!(out, "Confidence:  {:.2}", d.confidence)?;
+    writeln!(out, "Confidence:  {:.0}%", d.confidence * 100.0)?;
     writeln!(out, "Source:      {}", d.source)?;
     if d.source != rules.source {
         writeln!(
@@ -332,7 +329,7 @@ fn read_corpora(path: &Path) -> Result<Vec<Case>, Refusal> {
     }
     let name = path.display();
     let entries = std::fs::read_dir(path)
-        .map_err(|e| Refusal::new(EXIT_NO_INPUT, format!("cannot read {name}: {e}")))?;
+        .map_err(|e| Refusal::new(EXIT_NOT_FOUND, format!("cannot read {name}: {e}")))?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
@@ -355,7 +352,7 @@ fn read_corpora(path: &Path) -> Result<Vec<Case>, Refusal> {
 fn read_corpus(corpus: &Path) -> Result<Vec<Case>, Refusal> {
     let name = corpus.display();
     let bytes = std::fs::read(corpus)
-        .map_err(|e| Refusal::new(EXIT_NO_INPUT, format!("cannot read {name}: {e}")))?;
+        .map_err(|e| Refusal::new(EXIT_NOT_FOUND, format!("cannot read {name}: {e}")))?;
     let text = String::from_utf8(bytes)
         .map_err(|e| Refusal::new(EXIT_DATA, format!("{name} is not UTF-8: {e}")))?;
     parse_corpus(&text).map_err(|e| Refusal::new(EXIT_DATA, format!("{name}: {e}")))
@@ -413,10 +410,10 @@ fn label<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
-fn print_llm_eval(report: &EvalReport, model: &str, json: bool) -> anyhow::Result<()> {
+fn print_llm_eval(report: &EvalReport, model: &str, format: Output) -> anyhow::Result<()> {
     let s = report.summary();
     let mut out = std::io::stdout().lock();
-    if json {
+    if format.is_document() {
         let cases: Vec<serde_json::Value> = report
             .cases
             .iter()
@@ -439,8 +436,7 @@ fn print_llm_eval(report: &EvalReport, model: &str, json: bool) -> anyhow::Resul
             "summary": s,
             "cases": cases,
         });
-        serde_json::to_writer_pretty(&mut out, &value).context("encoding the evaluation")?;
-        writeln!(out)?;
+        out.write_all(output::document(format, &value)?.as_bytes())?;
         return Ok(());
     }
     writeln!(out, "Rules and llm:{model}, {} cases", s.cases)?;
@@ -510,9 +506,9 @@ fn print_llm_eval(report: &EvalReport, model: &str, json: bool) -> anyhow::Resul
     Ok(())
 }
 
-fn print_eval(e: &Evaluation, json: bool) -> anyhow::Result<()> {
+fn print_eval(e: &Evaluation, format: Output) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    if json {
+    if format.is_document() {
         let confusion: Vec<serde_json::Value> = e
             .confusion()
             .into_iter()
@@ -527,8 +523,7 @@ fn print_eval(e: &Evaluation, json: bool) -> anyhow::Result<()> {
             "evaluation": e,
             "confusion": confusion,
         });
-        serde_json::to_writer_pretty(&mut out, &value).context("encoding the evaluation")?;
-        writeln!(out)?;
+        out.write_all(output::document(format, &value)?.as_bytes())?;
     } else {
         write!(out, "{}", e.to_markdown())?;
     }

@@ -2,7 +2,8 @@
 //! scripted fault mix against an in-process controller; `warden sim` runs a scenario
 //! as fast as possible and reports what the controller found; `warden diagnose`
 //! classifies a failure from its logs; `warden incidents`, `nodes`, `drain`, `undrain`
-//! and `whoami` work with a running controller over its API (docs/CLI.md).
+//! and `whoami` work with a running controller over its API (docs/CLI.md);
+//! `warden completions SHELL` prints a shell completion script.
 
 mod client;
 #[cfg(feature = "demo")]
@@ -11,6 +12,7 @@ mod diagnose;
 #[cfg(feature = "demo")]
 mod fleet;
 mod ops;
+mod output;
 mod settings;
 mod show;
 #[cfg(feature = "demo")]
@@ -24,8 +26,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use warden_config::{logfmt, outln};
 
-/// Exit code of a bad scenario or configuration (EX_USAGE in sysexits.h).
-pub const EXIT_CONFIG: u8 = 64;
+pub use client::EXIT_USAGE;
 
 /// Warden keeps large GPU training jobs running: it finds hangs, stragglers, slow links,
 /// NaNs, crashes and GPU faults and names the culprit rank, GPU and node.
@@ -56,6 +57,13 @@ enum Command {
     Diagnose(DiagnoseArgs),
     /// Print the version of this build and the wire version it speaks.
     Version,
+    /// Print a completion script for a shell (`warden completions bash >
+    /// ~/.local/share/bash-completion/completions/warden`; docs/CLI.md).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// List, show, acknowledge and resolve incidents on a running controller.
     #[command(after_help = ops::EXIT_CODES_HELP)]
     Incidents(ops::IncidentsArgs),
@@ -78,16 +86,6 @@ enum Command {
     Whoami(ops::PlainArgs),
 }
 
-/// Subcommands that talk to a controller: their usage errors exit 2.
-const OPS_COMMANDS: [&str; 6] = [
-    "incidents",
-    "nodes",
-    "drain",
-    "undrain",
-    "remediation",
-    "whoami",
-];
-
 /// Options of `warden demo`.
 #[cfg(feature = "demo")]
 #[derive(Debug, clap::Args)]
@@ -104,6 +102,9 @@ pub struct DemoArgs {
     /// Do not serve the API.
     #[arg(long)]
     pub no_api: bool,
+    /// Exit once the run is over instead of serving the API until Ctrl-C (for scripts).
+    #[arg(long)]
+    pub exit_when_done: bool,
 }
 
 /// Options of `warden sim`.
@@ -133,8 +134,11 @@ pub struct DiagnoseArgs {
     /// Log files, read in order as one log (stdin when none; `-` is stdin).
     #[arg(value_name = "FILE")]
     pub files: Vec<PathBuf>,
-    /// Print JSON instead of text.
-    #[arg(long)]
+    /// Print `table` (text; `wide` is the same), or the answer as `json` or `yaml`.
+    #[arg(short = 'o', long, value_enum, default_value_t = output::Output::Table)]
+    pub output: output::Output,
+    /// The same as `-o json`.
+    #[arg(long, hide = true, conflicts_with = "output")]
     pub json: bool,
     /// Directory of rule files (*.yaml): each replaces the shipped file of the same
     /// name, others are added.
@@ -163,6 +167,17 @@ pub struct DiagnoseArgs {
     pub llm_timeout_secs: Option<u64>,
 }
 
+impl DiagnoseArgs {
+    /// How to print: `-o`, or `--json`.
+    pub fn output(&self) -> output::Output {
+        if self.json {
+            output::Output::Json
+        } else {
+            self.output
+        }
+    }
+}
+
 /// Log to stderr (filtered by `RUST_LOG`, default `warn`), every field escaped so one
 /// event is one line (`warden_config::logfmt`).
 fn init_logging() {
@@ -180,17 +195,9 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            // Usage errors exit 64 (EX_USAGE) like configuration errors, 2 for the
-            // commands that talk to a controller; help and version go to stdout and
-            // succeed.
-            let ops = std::env::args()
-                .nth(1)
-                .is_some_and(|a| OPS_COMMANDS.contains(&a.as_str()));
-            let code = match (e.use_stderr(), ops) {
-                (false, _) => 0,
-                (true, true) => client::EXIT_USAGE,
-                (true, false) => EXIT_CONFIG,
-            };
+            // Usage errors exit 2 like configuration errors; help and version go to
+            // stdout and succeed.
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
             let _ = e.print();
             return ExitCode::from(code);
         }
@@ -208,6 +215,17 @@ fn main() -> ExitCode {
                 env!("CARGO_PKG_VERSION"),
                 warden_model::wire::WIRE_VERSION
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "warden",
+                &mut script,
+            );
+            warden_config::out!("{}", String::from_utf8_lossy(&script));
             Ok(ExitCode::SUCCESS)
         }
         Command::Incidents(args) => Ok(ops::incidents(args)),

@@ -11,34 +11,28 @@ use warden_diagnosis::llm::ApiKey;
 use warden_model::view::{FleetHealthView, IncidentView, NodeHealthView, NodeView, RemedyStatus};
 
 use crate::client::{ApiClient, OpsError, encode};
+use crate::output::{self, Output};
 use crate::settings::{FlagValues, Settings};
 use crate::show;
 
 /// The exit codes of the commands that talk to a controller, for their help.
 pub const EXIT_CODES_HELP: &str = "\
-Exit codes of incidents, nodes, drain, undrain, remediation and whoami:
+Exit codes of every command:
   0 done; 1 server or other error (and server unreachable); 2 usage or configuration;
-  3 token refused (401/403); 4 not found (404); 5 conflict (409: already drained,
-  already resolved, breaker not tripped, refused by the safety rails). demo, sim and diagnose exit 64 on usage errors.";
+  3 token refused (401/403); 4 not found (404, or an input file that cannot be opened);
+  5 conflict (409: already drained, already resolved, breaker not tripped, refused by
+  the safety rails); 6 input that is not usable (a binary log, a bad corpus line).";
 
 /// The help section of the options every operator command takes.
 const HEADING: &str = "Controller and output";
-
-/// How answers are printed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    /// Aligned columns and readable views.
-    Table,
-    /// The server's JSON, pretty-printed.
-    Json,
-}
 
 /// Where the controller is and how to prove who you are: flag > environment > config
 /// file > default.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnArgs {
-    /// Print `table` or the server's `json`.
-    #[arg(long, value_enum, default_value_t = Output::Table, global = true, help_heading = HEADING)]
+    /// Print a `table` (cut to the terminal's width), `wide` (not cut), or the server's
+    /// answer as `json` or `yaml`.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Table, global = true, help_heading = HEADING)]
     pub output: Output,
     /// The controller's URL [env: WARDEN_SERVER] [default: http://127.0.0.1:9460].
     #[arg(long, value_name = "URL", global = true, help_heading = HEADING)]
@@ -62,18 +56,21 @@ pub struct ConnArgs {
     pub config: Option<PathBuf>,
 }
 
-/// Options of `warden incidents`.
+/// Options of `warden incidents`: without a subcommand, `list` (and its options).
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct IncidentsArgs {
     #[command(flatten)]
     conn: ConnArgs,
     #[command(subcommand)]
-    command: IncidentsCommand,
+    command: Option<IncidentsCommand>,
+    #[command(flatten)]
+    list: ListArgs,
 }
 
 #[derive(Debug, clap::Subcommand)]
 enum IncidentsCommand {
-    /// List incidents, oldest first (one page unless --all).
+    /// List incidents, oldest first (one page unless --all); the default.
     #[command(after_help = EXIT_CODES_HELP)]
     List(ListArgs),
     /// One incident in full: culprit, times, evidence, timeline, diagnosis.
@@ -210,10 +207,11 @@ pub fn incidents(args: IncidentsArgs) -> ExitCode {
     run(&args.conn, |c, out| {
         Box::pin(async move {
             match args.command {
-                IncidentsCommand::List(l) => list(c, out, &l).await,
-                IncidentsCommand::Show { id } => show_one(c, out, &id).await,
-                IncidentsCommand::Ack { id, note } => ack(c, out, &id, note.as_deref()).await,
-                IncidentsCommand::Resolve { id, reason } => {
+                None => list(c, out, &args.list).await,
+                Some(IncidentsCommand::List(l)) => list(c, out, &l).await,
+                Some(IncidentsCommand::Show { id }) => show_one(c, out, &id).await,
+                Some(IncidentsCommand::Ack { id, note }) => ack(c, out, &id, note.as_deref()).await,
+                Some(IncidentsCommand::Resolve { id, reason }) => {
                     let reason = required(&reason, "--reason")?;
                     resolve(c, out, &id, reason).await
                 }
@@ -229,19 +227,19 @@ pub fn nodes(args: NodesArgs) -> ExitCode {
             match args.command {
                 None => {
                     let a = c.get("/api/v1/nodes").await?;
-                    if out == Output::Json {
-                        return print_json(&a.json);
+                    if out.is_document() {
+                        return print_doc(out, &a.json);
                     }
                     let nodes: Vec<NodeView> = parse(c, a.json)?;
                     out!(
                         "{}",
-                        show::fit(&show::node_rows(&nodes, now()), show::terminal_width())
+                        show::fit(&show::node_rows(&nodes, now()), out.width())
                     );
                 }
                 Some(NodesCommand::Health { name: None }) => {
                     let a = c.get("/api/v1/fleet/health").await?;
-                    if out == Output::Json {
-                        return print_json(&a.json);
+                    if out.is_document() {
+                        return print_doc(out, &a.json);
                     }
                     let fleet: FleetHealthView = parse(c, a.json)?;
                     out!("{}", show::fleet_health(&fleet));
@@ -249,8 +247,8 @@ pub fn nodes(args: NodesArgs) -> ExitCode {
                 Some(NodesCommand::Health { name: Some(name) }) => {
                     let path = format!("/api/v1/nodes/{}/health", encode(&name));
                     let a = c.get(&path).await?;
-                    if out == Output::Json {
-                        return print_json(&a.json);
+                    if out.is_document() {
+                        return print_doc(out, &a.json);
                     }
                     let n: NodeHealthView = parse(c, a.json)?;
                     out!("{}", show::node_health(&n, now()));
@@ -272,8 +270,8 @@ pub fn drain(args: DrainArgs) -> ExitCode {
             }
             let path = format!("/api/v1/nodes/{}/drain", encode(&args.node));
             let a = c.post(&path, Some(&body)).await?;
-            if out == Output::Json {
-                return print_json(&a.json);
+            if out.is_document() {
+                return print_doc(out, &a.json);
             }
             let n: NodeView = parse(c, a.json)?;
             let incident = n
@@ -303,10 +301,10 @@ pub fn undrain(args: UndrainArgs) -> ExitCode {
             let path = format!("/api/v1/nodes/{}/drain", encode(&args.node));
             let a = c.delete(&path, body.as_ref()).await?;
             match out {
-                Output::Table => outln!("{} undrained", args.node),
-                // 204 has no body: JSON output prints nothing.
-                Output::Json if a.json.is_null() => {}
-                Output::Json => print_json(&a.json)?,
+                Output::Table | Output::Wide => outln!("{} undrained", args.node),
+                // 204 has no body: a document prints nothing.
+                Output::Json | Output::Yaml if a.json.is_null() => {}
+                Output::Json | Output::Yaml => print_doc(out, &a.json)?,
             }
             Ok(())
         })
@@ -324,14 +322,14 @@ pub fn remediation(args: RemediationArgs) -> ExitCode {
                     let a = c
                         .post("/api/v1/remediation/breaker/reset", Some(&body))
                         .await?;
-                    if out == Output::Table {
+                    if !out.is_document() {
                         outln!("circuit breaker reset");
                     }
                     a
                 }
             };
-            if out == Output::Json {
-                return print_json(&a.json);
+            if out.is_document() {
+                return print_doc(out, &a.json);
             }
             let status: RemedyStatus = parse(c, a.json)?;
             out!("{}", show::remediation(&status));
@@ -345,8 +343,8 @@ pub fn whoami(args: PlainArgs) -> ExitCode {
     run(&args.conn, |c, out| {
         Box::pin(async move {
             let a = c.get("/api/v1/whoami").await?;
-            if out == Output::Json {
-                return print_json(&a.json);
+            if out.is_document() {
+                return print_doc(out, &a.json);
             }
             let name = a.json.get("name").and_then(Value::as_str);
             let role = a.json.get("role").and_then(Value::as_str);
@@ -417,13 +415,11 @@ fn now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn print_json(v: &Value) -> Result<(), OpsError> {
-    let text = serde_json::to_string_pretty(v).map_err(|e| OpsError::Answer {
+fn print_doc(out: Output, v: &Value) -> Result<(), OpsError> {
+    output::print_document(out, v).map_err(|e| OpsError::Answer {
         server: String::new(),
         detail: e.to_string(),
-    })?;
-    outln!("{text}");
-    Ok(())
+    })
 }
 
 fn parse<T: serde::de::DeserializeOwned>(c: &ApiClient, v: Value) -> Result<T, OpsError> {
@@ -486,16 +482,13 @@ async fn list(c: &ApiClient, out: Output, l: &ListArgs) -> Result<(), OpsError> 
             }
         }
     }
-    if out == Output::Json {
-        print_json(&Value::Array(items))?;
+    if out.is_document() {
+        print_doc(out, &Value::Array(items))?;
     } else {
         let incidents: Vec<IncidentView> = parse(c, Value::Array(items))?;
         out!(
             "{}",
-            show::fit(
-                &show::incident_rows(&incidents, now()),
-                show::terminal_width()
-            )
+            show::fit(&show::incident_rows(&incidents, now()), out.width())
         );
     }
     if let Some(next) = more {
@@ -506,8 +499,8 @@ async fn list(c: &ApiClient, out: Output, l: &ListArgs) -> Result<(), OpsError> 
 
 async fn show_one(c: &ApiClient, out: Output, id: &str) -> Result<(), OpsError> {
     let a = c.get(&format!("/api/v1/incidents/{}", encode(id))).await?;
-    if out == Output::Json {
-        return print_json(&a.json);
+    if out.is_document() {
+        return print_doc(out, &a.json);
     }
     let inc: IncidentView = parse(c, a.json)?;
     out!("{}", show::incident_detail(&inc, now()));
@@ -529,8 +522,8 @@ async fn resolve(c: &ApiClient, out: Output, id: &str, reason: &str) -> Result<(
 
 /// The incident an action returned, in one line (or as JSON).
 fn confirm(c: &ApiClient, out: Output, v: Value, done: &str) -> Result<(), OpsError> {
-    if out == Output::Json {
-        return print_json(&v);
+    if out.is_document() {
+        return print_doc(out, &v);
     }
     let inc: IncidentView = parse(c, v)?;
     outln!(

@@ -95,16 +95,10 @@ pub fn verb(change: Change) -> &'static str {
     }
 }
 
-/// A multi-line description of an incident change, ending in a newline.
+/// When `change` happened to `inc`, seconds since the origin: the time its line shows.
 #[cfg(feature = "demo")]
-pub fn incident(change: Change, inc: &IncidentView) -> String {
-    if change == Change::Diagnosed {
-        return diagnosis(inc);
-    }
-    if change == Change::Remediated {
-        return remediated(inc);
-    }
-    let at = match change {
+pub fn change_at(change: Change, inc: &IncidentView) -> f64 {
+    match change {
         Change::Opened => inc.detected_s,
         Change::Resolved => inc.resolved_s.unwrap_or(inc.detected_s),
         Change::Updated
@@ -112,7 +106,21 @@ pub fn incident(change: Change, inc: &IncidentView) -> String {
         | Change::Diagnosed
         | Change::Acknowledged
         | Change::Remediated => inc.timeline.last().map_or(inc.detected_s, |t| t.at_s),
-    };
+    }
+}
+
+/// A multi-line description of an incident change, ending in a newline. `acted`: for
+/// [`Change::Remediated`], whether remediation carried out an action for it (an
+/// isolation or a restart: `REMEDIATED`) or only noted a decision (`NOTIFIED`).
+#[cfg(feature = "demo")]
+pub fn incident(change: Change, inc: &IncidentView, acted: bool) -> String {
+    if change == Change::Diagnosed {
+        return diagnosis(inc);
+    }
+    if change == Change::Remediated {
+        return remediated(inc, acted);
+    }
+    let at = change_at(change, inc);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -172,9 +180,10 @@ fn diagnosis(inc: &IncidentView) -> String {
 }
 
 /// What remediation did in its last pass over an incident: the timeline entries of
-/// that moment, ending in a newline.
+/// that moment, ending in a newline; headed `REMEDIATED` where it `acted`, else
+/// `NOTIFIED` (a decision to notify, or an action it did not take, and why).
 #[cfg(feature = "demo")]
-fn remediated(inc: &IncidentView) -> String {
+fn remediated(inc: &IncidentView, acted: bool) -> String {
     let mut s = String::new();
     let Some(last) = inc.timeline.last() else {
         return s;
@@ -183,7 +192,11 @@ fn remediated(inc: &IncidentView) -> String {
         s,
         "[{:>7.1}s] {} {} {} — {}",
         last.at_s,
-        verb(Change::Remediated),
+        if acted {
+            verb(Change::Remediated)
+        } else {
+            "NOTIFIED"
+        },
         inc.kind,
         inc.id,
         culprit(inc)
@@ -372,9 +385,6 @@ pub fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
     s
 }
 
-/// Longest summary in a table row, characters.
-const SUMMARY_MAX: usize = 60;
-
 /// Incidents as a table with times relative to `now` (seconds since the epoch), ending
 /// in a newline.
 pub fn incident_rows(incidents: &[IncidentView], now: f64) -> String {
@@ -392,7 +402,8 @@ pub fn incident_rows(incidents: &[IncidentView], now: f64) -> String {
                 i.job.clone().unwrap_or_else(|| "-".to_owned()),
                 ago(i.detected_s, now),
                 truncate(&culprit(i), 40),
-                truncate(&i.summary, SUMMARY_MAX),
+                // The last column: whole, cut only with the row to the terminal.
+                i.summary.replace('\n', " "),
             ]
         })
         .collect();

@@ -7,7 +7,7 @@ use anyhow::Context;
 use warden_config::outln;
 use warden_sim::{RunOptions, Scenario};
 
-use crate::{EXIT_CONFIG, SimArgs, fleet::FleetSpec, show};
+use crate::{EXIT_USAGE, SimArgs, fleet::FleetSpec, show};
 
 /// Run `warden sim`.
 pub fn main(args: &SimArgs) -> anyhow::Result<ExitCode> {
@@ -16,13 +16,13 @@ pub fn main(args: &SimArgs) -> anyhow::Result<ExitCode> {
     }
     let Some(path) = &args.scenario else {
         eprintln!("warden sim: give --scenario FILE or --fleet FILE");
-        return Ok(ExitCode::from(EXIT_CONFIG));
+        return Ok(ExitCode::from(EXIT_USAGE));
     };
     let scenario = match Scenario::load(path) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("warden sim: invalid scenario: {e}");
-            return Ok(ExitCode::from(EXIT_CONFIG));
+            return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
     if !args.quiet {
@@ -82,7 +82,7 @@ fn fleet(args: &SimArgs, path: &std::path::Path) -> anyhow::Result<ExitCode> {
         Ok(s) => s,
         Err(e) => {
             eprintln!("warden sim: invalid fleet: {e}");
-            return Ok(ExitCode::from(EXIT_CONFIG));
+            return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
     if !args.quiet {

@@ -113,6 +113,38 @@ fn a_log_file_is_diagnosed_in_text_and_json() {
 }
 
 #[test]
+fn a_diagnosis_prints_in_every_output_format() {
+    let log = write("xid-formats.log", XID_LOG.as_bytes());
+    let json = warden(&["diagnose", "-o", "json", &log]);
+    assert!(json.status.success(), "{}", text(&json.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON answer");
+    let yaml = warden(&["diagnose", &log, "--output", "yaml"]);
+    assert!(yaml.status.success(), "{}", text(&yaml.stderr));
+    let yaml: serde_json::Value =
+        warden_model::yaml::from_str(&text(&yaml.stdout)).expect("YAML answer");
+    assert_eq!(json, yaml, "the same answer as JSON and YAML");
+    // `--json` is `-o json`, and the two together are a usage error.
+    let old = warden(&["diagnose", "--json", &log]);
+    let old: serde_json::Value = serde_json::from_slice(&old.stdout).expect("JSON answer");
+    assert_eq!(old, json);
+    let both = warden(&["diagnose", "--json", "-o", "yaml", &log]);
+    assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
+    // Text (`table`, and `wide` alike) gives the confidence as a percentage.
+    let pct = format!(
+        "Confidence:  {:.0}%",
+        json["confidence"].as_f64().expect("a confidence") * 100.0
+    );
+    for format in ["table", "wide"] {
+        let out = warden(&["diagnose", "-o", format, &log]);
+        assert!(
+            text(&out.stdout).contains(&pct),
+            "{pct:?} in\n{}",
+            text(&out.stdout)
+        );
+    }
+}
+
+#[test]
 fn stdin_is_read_when_no_file_is_given() {
     let out = warden_stdin(&["diagnose", "--json"], OOM_LINE.as_bytes());
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -122,14 +154,14 @@ fn stdin_is_read_when_no_file_is_given() {
 }
 
 #[test]
-fn binary_input_is_refused_with_exit_65() {
+fn binary_input_is_refused_with_exit_6() {
     let bin = write(
         "core.bin",
         b"\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00CUDA out of memory",
     );
     let out = warden(&["diagnose", &bin]);
     assert_no_panic(&out);
-    assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("binary"),
         "{}",
@@ -176,19 +208,19 @@ fn invalid_utf8_is_replaced_with_a_warning() {
 }
 
 #[test]
-fn an_empty_file_is_refused_with_exit_65() {
+fn an_empty_file_is_refused_with_exit_6() {
     let empty = write("empty.log", b"");
     let out = warden(&["diagnose", &empty]);
     assert_no_panic(&out);
-    assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("empty"), "{}", text(&out.stderr));
 }
 
 #[test]
-fn a_missing_file_is_refused_with_exit_66() {
+fn a_missing_file_is_refused_with_exit_4() {
     let out = warden(&["diagnose", "/nonexistent/warden/train.log"]);
     assert_no_panic(&out);
-    assert_eq!(out.status.code(), Some(66), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("cannot open /nonexistent/warden/train.log"),
         "{}",
@@ -197,7 +229,7 @@ fn a_missing_file_is_refused_with_exit_66() {
 }
 
 #[test]
-fn a_rules_dir_with_a_broken_regex_exits_64_naming_file_and_rule() {
+fn a_rules_dir_with_a_broken_regex_exits_2_naming_file_and_rule() {
     let dir = scratch("rules-broken");
     std::fs::create_dir_all(&dir).expect("rules dir");
     std::fs::write(
@@ -218,7 +250,7 @@ fn a_rules_dir_with_a_broken_regex_exits_64_naming_file_and_rule() {
     let log = write("for-rules.log", OOM_LINE.as_bytes());
     let out = warden(&["diagnose", "--rules", dir.to_str().expect("utf8"), &log]);
     assert_no_panic(&out);
-    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(
         stderr.contains("site.yaml: rule site.broken: pattern 1: bad regex"),
@@ -299,7 +331,7 @@ fn eval_reads_a_directory_and_repeated_files_as_one_corpus() {
 
     // The same file twice repeats every id: refused, nothing scored.
     let out = warden(&["diagnose", "--eval", dev, "--eval", dev]);
-    assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("appears twice"),
         "{}",
@@ -308,14 +340,14 @@ fn eval_reads_a_directory_and_repeated_files_as_one_corpus() {
 }
 
 #[test]
-fn eval_of_a_bad_corpus_exits_65() {
+fn eval_of_a_bad_corpus_exits_6() {
     let bad = write(
         "bad.jsonl",
         b"{\"id\": \"x\", \"category\": \"gpu_on_fire\"}\n",
     );
     let out = warden(&["diagnose", "--eval", &bad]);
     assert_no_panic(&out);
-    assert_eq!(out.status.code(), Some(65), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("line 1"),
         "{}",
@@ -324,9 +356,9 @@ fn eval_of_a_bad_corpus_exits_65() {
 }
 
 #[test]
-fn eval_with_log_files_is_a_usage_error_64() {
+fn eval_with_log_files_is_a_usage_error_2() {
     let out = warden(&["diagnose", "--eval", "corpus.jsonl", "train.log"]);
-    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
 
 /// How the test model server answers.
@@ -549,7 +581,7 @@ fn a_garbage_answer_falls_back_to_the_rules_with_exit_0() {
 }
 
 #[test]
-fn bad_model_settings_exit_64() {
+fn bad_model_settings_exit_2() {
     let log = write("llm-bad.log", XID_LOG.as_bytes());
     let key = write("llm-key-2", b"sk-x\n");
     let cases: Vec<(Vec<&str>, &str)> = vec![
@@ -610,7 +642,7 @@ fn bad_model_settings_exit_64() {
         assert_no_panic(&out);
         assert_eq!(
             out.status.code(),
-            Some(64),
+            Some(2),
             "{flags:?}: {}",
             text(&out.stderr)
         );

@@ -207,7 +207,7 @@ fn a_bad_fleet_file_is_refused_naming_its_field() {
         .output()
         .expect("runs warden");
     let _ = std::fs::remove_file(&file);
-    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("bad_gpus[0].node"), "{err}");
     assert!(err.contains("node-99"), "{err}");

@@ -523,6 +523,106 @@ fn operators_list_show_ack_drain_undrain_and_resolve_through_the_cli() {
     c.assert_no_token_printed();
 }
 
+/// A document printed by `-o json` or `-o yaml`, parsed.
+fn document(format: &str, text: &str) -> Value {
+    match format {
+        "json" => serde_json::from_str(text).expect("JSON output"),
+        "yaml" => warden_model::yaml::from_str(text).expect("YAML output"),
+        other => panic!("{other} is not a document format"),
+    }
+}
+
+#[test]
+fn every_command_takes_every_output_format_under_one_exit_code_scheme() {
+    let mut c = Ctl::start();
+    c.ingest_xid("node-7", 1, 1);
+    let id = c.wait_for_incidents(1)[0]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let reads: [&[&str]; 8] = [
+        &["incidents"],
+        &["incidents", "list"],
+        &["incidents", "show", &id],
+        &["nodes"],
+        &["nodes", "health"],
+        &["remediation"],
+        &["remediation", "status"],
+        &["whoami"],
+    ];
+    for (i, args) in reads.iter().enumerate() {
+        for format in ["table", "wide", "json", "yaml"] {
+            // `-o` and `--output` alike, before or after the subcommand's arguments.
+            let mut all = args.to_vec();
+            all.extend([if i % 2 == 0 { "-o" } else { "--output" }, format]);
+            let run = c.op(&all);
+            let text = run.ok();
+            match format {
+                "json" | "yaml" => {
+                    let doc = document(format, text);
+                    assert!(
+                        doc.is_array() || doc.is_object(),
+                        "{args:?} -o {format}: {text}"
+                    );
+                }
+                _ => assert!(
+                    !text.trim().is_empty(),
+                    "{args:?} -o {format} printed nothing"
+                ),
+            }
+        }
+        // An unknown format is a usage error, named.
+        let mut all = args.to_vec();
+        all.extend(["-o", "xml"]);
+        c.op(&all).fails(2, "xml");
+    }
+    // `incidents` alone is `incidents list`, with the list's options.
+    let alone = document("json", c.op(&["incidents", "-o", "json"]).ok());
+    let listed = document("json", c.op(&["incidents", "list", "-o", "json"]).ok());
+    let ids = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|i| i["id"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(ids(&alone), ids(&listed));
+    let none = document(
+        "yaml",
+        c.op(&["incidents", "--node", "node-nope", "-o", "yaml"])
+            .ok(),
+    );
+    assert_eq!(none.as_array().map(Vec::len), Some(0), "{none}");
+    // Changes print a line, or the server's answer as a document; a 204 prints nothing.
+    for format in ["table", "wide", "json", "yaml"] {
+        let node = format!("node-{format}");
+        let text = c
+            .op(&["drain", &node, "--reason", "bad fan", "-o", format])
+            .ok()
+            .to_owned();
+        match format {
+            "json" | "yaml" => assert_eq!(document(format, &text)["name"], node.as_str()),
+            _ => assert!(text.starts_with(&format!("{node} drained")), "{text}"),
+        }
+        let text = c.op(&["undrain", &node, "-o", format]).ok().to_owned();
+        match format {
+            "json" | "yaml" => assert_eq!(text, "", "{format}"),
+            _ => assert_eq!(text.trim(), format!("{node} undrained")),
+        }
+        c.op(&["undrain", &node, "-o", format])
+            .fails(4, "404 Not Found");
+    }
+    // The local commands share the scheme: a usage error is 2, a file not found 4.
+    assert_eq!(c.warden(&["diagnose", "-o", "xml"], &[]).code, Some(2));
+    assert_eq!(c.warden(&["demo", "--speed", "0"], &[]).code, Some(2));
+    assert_eq!(c.warden(&["sim", "--scenario"], &[]).code, Some(2));
+    assert_eq!(
+        c.warden(&["diagnose", "/nonexistent/rank0.log"], &[]).code,
+        Some(4)
+    );
+    c.assert_no_token_printed();
+}
+
 #[test]
 fn failures_exit_with_the_documented_codes() {
     let mut c = Ctl::start();
@@ -568,12 +668,12 @@ fn failures_exit_with_the_documented_codes() {
     c.op(&["incidents", "resolve", "inc-1", "--reason", ""])
         .fails(2, "--reason must not be empty");
     c.op(&["drain", "node-2"]).fails(2, "--reason");
-    c.op(&["incidents", "list", "--output", "yaml"])
-        .fails(2, "yaml");
+    c.op(&["incidents", "list", "--output", "xml"])
+        .fails(2, "xml");
     c.warden(&["nodes", "--server", "127.0.0.1:9460"], &[])
         .fails(2, "scheme must be http or https");
-    // demo, sim and diagnose keep exit 64 for usage errors.
-    assert_eq!(c.warden(&["sim"], &[]).code, Some(64));
+    // One exit-code scheme: demo, sim and diagnose exit 2 on usage errors too.
+    assert_eq!(c.warden(&["sim"], &[]).code, Some(2));
     let help = c.warden(&["drain", "--help"], &[]);
     assert!(
         help.ok().contains("3 token refused (401/403)"),

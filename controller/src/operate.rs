@@ -42,7 +42,7 @@ pub enum OperateError {
     #[error("incident {0:?} is already resolved")]
     Resolved(String),
     /// The node is drained already.
-    #[error("node {name:?} is already drained by {owner} since {since_ns} ns: {reason}")]
+    #[error("node {name:?} is already drained by {owner} since {since}: {reason}")]
     AlreadyDrained {
         /// Node.
         name: String,
@@ -50,8 +50,8 @@ pub enum OperateError {
         owner: String,
         /// Its reason.
         reason: String,
-        /// Since when (ns since the epoch).
-        since_ns: i64,
+        /// Since when, in UTC to the second (`2026-11-29T16:05:09Z`).
+        since: String,
     },
     /// The node is not drained.
     #[error("node {0:?} is not drained")]
@@ -234,7 +234,7 @@ impl Operator {
                 name: n.name,
                 owner: n.owner,
                 reason: n.reason,
-                since_ns: n.since.0,
+                since: utc_seconds(n.since),
             });
         }
         if let Some(r) = &self.remedy {
@@ -454,6 +454,15 @@ pub async fn recover(op: &Operator, now: Timestamp) -> Result<usize, OperateErro
         op.apply(&a, now, true).await?;
     }
     Ok(n)
+}
+
+/// `t` in RFC 3339 UTC to the second (`2026-11-29T16:05:09Z`), for messages people read.
+fn utc_seconds(t: Timestamp) -> String {
+    let full = crate::alerts::rfc3339(t);
+    match full.split_once('.') {
+        Some((seconds, _)) => format!("{seconds}Z"),
+        None => full,
+    }
 }
 
 #[cfg(test)]

@@ -196,6 +196,30 @@ async fn a_node_is_not_isolated_again_within_its_cooldown() {
 }
 
 #[tokio::test]
+async fn a_pass_that_only_decides_or_pretends_reports_no_incident_acted_on() {
+    // A dry run records what it would do and does nothing: no incident is acted on.
+    let mut w = World::new(RemedyConfig {
+        dry_run: true,
+        ..acting()
+    })
+    .await;
+    w.send("node-5", true);
+    let now = w.clock.now_ts();
+    w.engine.lock().tick(now);
+    let report = w.remedy.pass(now).await.expect("pass");
+    assert!(report.actions > 0, "the dry run records its actions");
+    assert!(!report.changes.is_empty(), "and notes them on the incident");
+    assert_eq!(report.acted, Vec::<String>::new());
+    // Acting, the same fault is acted on.
+    let mut w = World::new(acting()).await;
+    w.send("node-5", true);
+    let now = w.clock.now_ts();
+    w.engine.lock().tick(now);
+    let report = w.remedy.pass(now).await.expect("pass");
+    assert_eq!(report.acted.len(), 1, "{report:?}");
+}
+
+#[tokio::test]
 async fn the_rate_limit_stops_isolations_past_the_hourly_budget() {
     let mut w = World::new(RemedyConfig {
         max_actions_per_hour: 2,
@@ -235,7 +259,21 @@ async fn faults_on_two_nodes_of_one_job_restart_it_once_without_both() {
     }
     let now = w.clock.now_ts();
     w.engine.lock().tick(now);
-    w.remedy.pass(now).await.expect("pass");
+    let report = w.remedy.pass(now).await.expect("pass");
+
+    // Both incidents were acted on (one drain each, the restart on the first), which
+    // the pass reports, so that a reader can tell an action from a notification.
+    let mut acted = report.acted.clone();
+    acted.sort();
+    let mut ids: Vec<String> = w
+        .engine
+        .lock()
+        .incidents()
+        .iter()
+        .map(|i| i.id.clone())
+        .collect();
+    ids.sort();
+    assert_eq!(acted, ids);
 
     let jobs: Vec<Option<String>> = w
         .engine

@@ -59,6 +59,9 @@ pub struct Physics {
     pub next_step: u64,
     /// Max end time of each completed step (all ranks finished it).
     pub step_ends: Vec<f64>,
+    /// Each checkpoint every rank finished saving: the steps it holds and when the
+    /// last rank's save ended, seconds.
+    pub checkpoints: Vec<(u64, f64)>,
     /// Latest completion of any collective anywhere, seconds.
     pub last_completion: f64,
     /// Onset of each fault, by fault index.
@@ -110,6 +113,7 @@ impl Physics {
             death: vec![INF; world],
             next_step: 0,
             step_ends: vec![],
+            checkpoints: vec![],
             last_completion: 0.0,
             end_time: None,
             drain_secs,
@@ -438,6 +442,14 @@ impl Physics {
         }
         if all_done && step_end > 0.0 {
             self.step_ends.push(step_end);
+            // A checkpoint is complete once every rank has saved its part, and only
+            // if none of them died first.
+            if checkpoint && !last {
+                let saved = self.start.iter().copied().fold(0.0_f64, f64::max);
+                if saved.is_finite() && self.death.iter().all(|&d| d > saved) {
+                    self.checkpoints.push((k + 1, saved));
+                }
+            }
         }
         self.refresh_next_start();
         if self.next_start.is_none() && self.end_time.is_none() {

@@ -361,6 +361,18 @@ impl Simulation {
             .collect()
     }
 
+    /// Every checkpoint the job finished saving so far: the steps it holds and when
+    /// its last rank finished saving, seconds (the scenario's
+    /// `noise.checkpoint_every_steps`; a save a rank died in is not complete).
+    pub fn checkpoints(&self) -> Vec<(u64, f64)> {
+        self.physics
+            .checkpoints
+            .iter()
+            .copied()
+            .filter(|&(_, at)| at <= self.now)
+            .collect()
+    }
+
     /// The injected faults that have taken effect so far, with their onsets.
     pub fn faults(&self) -> Vec<FaultRecord> {
         let mut out = vec![];

@@ -579,3 +579,30 @@ fn urgent_records_leave_at_once() {
         );
     }
 }
+
+#[test]
+fn a_checkpoint_is_complete_once_every_rank_saved_it_and_none_after_a_crash() {
+    // A save every 20 steps; rank 5 dies in step 30, so the save after step 40 never
+    // comes.
+    let yaml = format!("{SMALL}faults: [{{step: 30, kind: crash, rank: 5}}]\n");
+    let (sim, _) = record(&yaml);
+    let checkpoints = sim.checkpoints();
+    let steps: Vec<u64> = checkpoints.iter().map(|&(s, _)| s).collect();
+    assert_eq!(steps, [20], "{checkpoints:?}");
+    let ends = sim.step_ends();
+    for &(step, saved) in &checkpoints {
+        // The save starts once every rank finished the step and takes about 5 s.
+        let ended = ends[step as usize - 1];
+        assert!(
+            (4.5..6.0).contains(&(saved - ended)),
+            "checkpoint {step} saved {saved} after its step ended at {ended}"
+        );
+        // And the job goes on after it: the next step ends after the save.
+        assert!(ends[step as usize] > saved);
+    }
+    // Without a fault, every save before the last step (60, where the job ends)
+    // completes.
+    let (clean, _) = record(SMALL);
+    let steps: Vec<u64> = clean.checkpoints().iter().map(|&(s, _)| s).collect();
+    assert_eq!(steps, [20, 40]);
+}

@@ -334,7 +334,7 @@ type Grant = (String, String, String, String, String);
 #[test]
 fn rbac_is_exactly_the_least_privilege_set() {
     let expected: BTreeSet<Grant> = [
-        ("ClusterRole", "", "nodes", &["get", "list", "patch"][..]),
+        ("ClusterRole", "", "nodes", &["get", "patch"][..]),
         ("ClusterRole", "", "pods", &["list", "delete"][..]),
         ("ClusterRole", "", "pods/eviction", &["create"][..]),
         (
@@ -351,12 +351,6 @@ fn rbac_is_exactly_the_least_privilege_set() {
         ),
         ("ClusterRole", "", "nodes/status", &["patch"][..]),
         ("ClusterRole", "", "events", &["create"][..]),
-        (
-            "Role",
-            "coordination.k8s.io",
-            "leases",
-            &["get", "create", "update"][..],
-        ),
         ("Role", "batch", "jobs", &["get", "create", "delete"][..]),
     ]
     .iter()
@@ -614,7 +608,8 @@ fn controller_runs_one_unprivileged_replica() {
             panic!("deployment");
         };
         let spec = d.spec.as_ref().expect("spec");
-        // The engine's state is in memory: a second replica would see half the batches.
+        // One by default: on the default SQLite store each pod would lead on its own file
+        // and see part of the batches; more replicas need PostgreSQL (docs/DEPLOY.md).
         assert_eq!(spec.replicas, Some(1), "{what}");
         assert_eq!(
             spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
@@ -640,7 +635,8 @@ fn controller_runs_one_unprivileged_replica() {
         else {
             panic!("pdb");
         };
-        // With one replica the budget must let it go, or `kubectl drain` waits forever.
+        // With one replica the budget must let it go, or `kubectl drain` waits forever;
+        // with more, one at a time.
         assert_eq!(
             pdb.spec.as_ref().and_then(|s| s.max_unavailable.clone()),
             Some(IntOrString::Int(1)),
@@ -1086,6 +1082,45 @@ fn services_monitors_and_policies_point_at_real_pods_and_ports() {
                 _ => {}
             }
         }
+        // With two or more replicas (PostgreSQL store) a follower relays writes to the
+        // leader's pod on its API port (controller/src/forward.rs, docs/DEPLOY.md): the
+        // policy that selects the controller's pods must admit controller pods there.
+        let ctl_labels = find(&objs, "Deployment", "warden-controller")
+            .pod_labels()
+            .expect("controller pod labels");
+        let (_, ctl) = container(&objs, "Deployment", "warden-controller");
+        let api = i32::from(container_port(ctl, "http"));
+        let admits_controllers = objs.iter().any(|(_, t)| {
+            let Typed::NetworkPolicy(np) = t else {
+                return false;
+            };
+            let Some(spec) = np.spec.as_ref() else {
+                return false;
+            };
+            let sel = spec
+                .pod_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.clone())
+                .unwrap_or_default();
+            selects(&sel, ctl_labels)
+                && spec.ingress.iter().flatten().any(|rule| {
+                    rule.from.iter().flatten().any(|peer| {
+                        peer.namespace_selector.is_none()
+                            && peer.pod_selector.as_ref().is_some_and(|ps| {
+                                selects(&ps.match_labels.clone().unwrap_or_default(), ctl_labels)
+                            })
+                    }) && rule
+                        .ports
+                        .iter()
+                        .flatten()
+                        .any(|p| p.port == Some(IntOrString::Int(api)))
+                })
+        });
+        assert!(
+            admits_controllers,
+            "{what}: controller pods must reach each other on port {api} (a follower relays \
+             writes to the leader)"
+        );
         let monitors: Vec<_> = objs
             .iter()
             .filter_map(|(o, t)| match t {

@@ -542,6 +542,10 @@ pub struct PassReport {
     pub tripped: bool,
     /// Changes to incidents (timeline notes) to persist and alert on.
     pub changes: Vec<IncidentChange>,
+    /// Incidents this pass carried out an action for: an isolation or a restart (not in
+    /// a dry run), whatever its result, which its note gives. The other incidents'
+    /// notes only record a decision, a notification or why nothing was done.
+    pub acted: Vec<String>,
 }
 
 impl Remediator {
@@ -1027,6 +1031,9 @@ impl Remediator {
     }
 
     fn note(&self, out: &mut PassReport, id: &str, what: &str, mitigating: bool, now: Timestamp) {
+        if mitigating && !out.acted.iter().any(|a| a == id) {
+            out.acted.push(id.to_owned());
+        }
         if let Some(c) = self
             .engine
             .lock()
