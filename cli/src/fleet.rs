@@ -12,7 +12,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use warden_controller::remedy::policy::{ActionName, Decision, NoHistory, Policy};
 use warden_engine::ledger::HealthState;
-use warden_engine::lifecycle::{LifecycleEvent, LifecycleReport};
+use warden_engine::lifecycle::{EndState, LifecycleEvent, LifecycleReport};
 use warden_engine::{Change, Engine, EngineConfig};
 use warden_model::view::IncidentView;
 use warden_model::wire::{
@@ -606,6 +606,7 @@ impl Fleet<'_> {
             name: self.spec.jobs[inst.spec].name.clone(),
             nodes: names.clone(),
             ranks: Some(g * nodes.len() as u32),
+            end: EndState::default(),
         };
         let now = self.ts(self.now);
         self.engine.lifecycle(&inst.name, &report, now);
@@ -844,6 +845,8 @@ impl Fleet<'_> {
             name: self.spec.jobs[inst.spec].name.clone(),
             nodes: inst.nodes.iter().map(|n| self.name(*n)).collect(),
             ranks: None,
+            // A simulated job finishes its work or is ended by the fleet: no exit state.
+            end: EndState::default(),
         };
         self.engine.lifecycle(&inst.name, &report, now);
         for n in &inst.nodes {

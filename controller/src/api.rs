@@ -1165,7 +1165,7 @@ pub struct LifecycleResponse {
     request_body(content = lifecycle::Body, content_type = "application/json"),
     responses(
         (status = 202, description = "Recorded (or a repeat, which changes nothing).", body = LifecycleResponse),
-        (status = 400, description = "A bad job name or body; the error names the field.", body = ApiError),
+        (status = 400, description = "A bad job name or body (an exit code or signal out of range, or on a start, included); the error names the field.", body = ApiError),
         (status = 404, description = "An empty job name (no route).", body = ApiError),
         (status = 413, description = "The body is larger than 8 MiB.", body = ApiError),
         (status = 415, description = "A `Content-Type` other than `application/json`, or none.", body = ApiError),
@@ -1218,6 +1218,7 @@ async fn job_lifecycle(
         scheduler = %report.scheduler,
         scheduler_job_id = %report.scheduler_job_id,
         nodes = report.nodes.len(),
+        exit = report.end.describe().as_deref(),
         repeat = applied == Applied::Repeat,
         "job lifecycle"
     );

@@ -21,6 +21,11 @@ use warden_model::{Timestamp, wire};
 const T0: i64 = 1_700_000_000_000_000_000;
 
 async fn app_with_limit(max_batch_bytes: usize) -> Router {
+    app_and_engine(max_batch_bytes).await.0
+}
+
+/// The router, and its engine for a test that runs the detectors itself.
+async fn app_and_engine(max_batch_bytes: usize) -> (Router, SharedEngine) {
     let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
     let state = ApiState {
         engine: engine.clone(),
@@ -28,11 +33,11 @@ async fn app_with_limit(max_batch_bytes: usize) -> Router {
         metrics: Arc::new(Metrics::new("test").expect("metrics")),
         max_batch_bytes,
         auth: Arc::new(warden_controller::auth::Auth::Open),
-        operator: warden_controller::operate::Operator::in_memory(engine)
+        operator: warden_controller::operate::Operator::in_memory(engine.clone())
             .await
             .expect("store"),
     };
-    router(state)
+    (router(state), engine)
 }
 
 async fn app() -> Router {
@@ -554,6 +559,119 @@ async fn lifecycle_refusals_are_400_or_415_and_name_the_problem() {
     // Nothing refused left a trace.
     let (_, jobs) = send_json(&app, get("/api/v1/jobs")).await;
     assert_eq!(jobs, serde_json::json!([]));
+}
+
+/// Job 4242's end with `exit` (JSON fields) added.
+fn end_with(exit: &str) -> String {
+    format!(r#"{{"event":"end","scheduler":"slurm","scheduler_job_id":"4242"{exit}}}"#)
+}
+
+#[tokio::test]
+async fn an_end_with_an_exit_state_shows_in_the_job_and_on_open_incidents() {
+    let (app, engine) = app_and_engine(warden_controller::api::DEFAULT_MAX_BATCH_BYTES).await;
+    let json = Some("application/json");
+    // Job 4242's rank 0 reports a NaN loss: an open incident for the job.
+    let mut b = batch();
+    b.jobs[0].job = "4242".into();
+    b.jobs[0].metrics[0].loss = Some(f64::NAN);
+    let (status, v) = send_json(
+        &app,
+        post(b.encode_binary(), Some(wire::CONTENT_TYPE_BINARY)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    // Past the NaN detector's grace for the other ranks to report the step.
+    let opened = engine.lock().tick(Timestamp(T0 + 2_000_000_000));
+    let [opened] = opened.as_slice() else {
+        panic!("one incident for job 4242: {opened:?}");
+    };
+    let id = opened.id.clone();
+
+    let (status, v) = send_json(&app, lifecycle("4242", START, json)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let j = job_view(&app, "4242").await;
+    assert_eq!(
+        (&j["exit_code"], &j["signal"]),
+        (&Value::Null, &Value::Null),
+        "{j}"
+    );
+
+    let body = end_with(r#","exit_code":0,"signal":9,"derived_exit_code":1,"derived_signal":0"#);
+    let (status, v) = send_json(&app, lifecycle("4242", &body, json)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(
+        (&v["phase"], &v["repeat"]),
+        (&"ended".into(), &false.into())
+    );
+    let j = job_view(&app, "4242").await;
+    assert_eq!(j["phase"], "ended", "{j}");
+    // Killed by SIGKILL: no exit code (wait(2) gives one or the other).
+    assert_eq!(j["exit_code"], Value::Null, "{j}");
+    assert_eq!(j["signal"], 9, "{j}");
+    assert_eq!(j["derived_exit_code"], 1, "{j}");
+    assert_eq!(j["derived_signal"], Value::Null, "{j}");
+
+    // The API serves incidents from the store, which no persister fills here: read the
+    // engine's own.
+    let inc = engine.lock().incident(&id).expect("the incident").clone();
+    let notes: Vec<&str> = inc.timeline.iter().map(|e| e.what.as_str()).collect();
+    assert_eq!(
+        notes.last(),
+        Some(
+            &"slurm job 4242 ended: killed by signal 9 (SIGKILL), worst step: exit code 1; \
+              no new hang, straggler or slow-link findings for it"
+        ),
+        "{notes:#?}"
+    );
+}
+
+#[tokio::test]
+async fn an_exit_state_out_of_range_or_on_a_start_is_a_400_naming_the_field() {
+    let app = app().await;
+    let json = Some("application/json");
+    let cases = [
+        (
+            end_with(r#","exit_code":256"#),
+            "field `exit_code`: 256 is not in 0..=255",
+        ),
+        (end_with(r#","exit_code":-1"#), "field `exit_code`"),
+        (end_with(r#","exit_code":"1""#), "field `exit_code`"),
+        (
+            end_with(r#","signal":128"#),
+            "field `signal`: 128 is not in 0..=127",
+        ),
+        (end_with(r#","signal":1.5"#), "field `signal`"),
+        (
+            end_with(r#","derived_exit_code":300"#),
+            "field `derived_exit_code`",
+        ),
+        (
+            end_with(r#","derived_signal":4294967296"#),
+            "field `derived_signal`",
+        ),
+        (
+            START.replace(r#""ranks":16"#, r#""ranks":16,"exit_code":0"#),
+            "field `exit_code`: only an end carries exit state",
+        ),
+    ];
+    for (body, needle) in cases {
+        let (status, v) = send_json(&app, lifecycle("4242", &body, json)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {v}");
+        let e = v["error"].as_str().expect("error string");
+        assert!(e.contains(needle), "{needle:?} missing from {e:?}");
+    }
+    // Nothing refused left a trace; the bounds themselves are accepted.
+    let (_, jobs) = send_json(&app, get("/api/v1/jobs")).await;
+    assert_eq!(jobs, serde_json::json!([]));
+    let body = end_with(r#","exit_code":255,"signal":127"#);
+    let (status, v) = send_json(&app, lifecycle("4242", &body, json)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    let j = job_view(&app, "4242").await;
+    assert_eq!(
+        (&j["exit_code"], &j["signal"]),
+        (&255.into(), &127.into()),
+        "{j}"
+    );
 }
 
 #[tokio::test]

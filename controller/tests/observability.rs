@@ -1,8 +1,10 @@
 //! Checks of what operators install next to Warden: the Prometheus alert rules
 //! (rules/prometheus/) and the Grafana dashboards (dashboards/). Every PromQL expression
 //! they hold must parse, every alert must have a firing and a quiet unit test that
-//! passes, every metric they name must be documented, and the dashboards must be
-//! wired to their `datasource` variable.
+//! passes, every metric they name must be documented, every alert's `runbook_url` must
+//! lead to its section of docs/OBSERVABILITY.md, and the dashboards must be wired to
+//! their `datasource` variable. (agent/tests/deploy checks that the Helm chart's
+//! PrometheusRule renders to the same rules.)
 //!
 //! The syntax and unit-test checks run `promtool` (Debian's `prometheus` package;
 //! `scripts/test` installs it). Under `CI=true` a missing promtool fails these tests.
@@ -78,21 +80,93 @@ fn alerts() -> Vec<(String, String)> {
     out
 }
 
-/// `promtool`, or `None` (with advice) outside CI when it is not installed.
-fn promtool() -> Option<PathBuf> {
-    let bin = std::env::var_os("PROMTOOL").map_or_else(|| PathBuf::from("promtool"), PathBuf::from);
-    if Command::new(&bin)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-    {
-        return Some(bin);
+/// Every alerting rule: (name, the rule).
+fn alert_rules() -> Vec<(String, Json)> {
+    let mut out = Vec::new();
+    for path in rule_files() {
+        let doc = yaml(&path);
+        for g in doc["groups"].as_array().into_iter().flatten() {
+            for r in g["rules"].as_array().expect("rules of a group") {
+                if let Some(name) = r["alert"].as_str() {
+                    out.push((name.to_owned(), r.clone()));
+                }
+            }
+        }
     }
-    let hint = "promtool is not installed: apt-get install --no-install-recommends prometheus \
-                (scripts/test does it), or set PROMTOOL to its path";
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "{hint}");
-    eprintln!("skipping: {hint}");
-    None
+    assert!(!out.is_empty(), "no alerts found");
+    out
+}
+
+fn observability_doc() -> String {
+    let path = repo().join("docs/OBSERVABILITY.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
+/// The page the alerts' `runbook_url` annotations point into: docs/OBSERVABILITY.md on
+/// the main branch of the project's repository (the workspace's `repository`).
+fn runbook_page() -> String {
+    let path = repo().join("Cargo.toml");
+    let cargo = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let url = cargo
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("repository = \"")?.strip_suffix('"'))
+        .expect("the workspace's Cargo.toml names its repository");
+    format!(
+        "{}/blob/main/docs/OBSERVABILITY.md",
+        url.trim_end_matches('/')
+    )
+}
+
+/// The link targets of a Markdown page as GitHub makes them: one per heading (its text
+/// in lower case, without punctuation, spaces as hyphens, `-1`, `-2`, ... on repeats)
+/// and one per explicit `<a id="..">` or `<a name="..">`. Lines in code fences are not
+/// headings.
+fn markdown_anchors(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut fence: Option<&str> = None;
+    for line in text.lines() {
+        let t = line.trim_start();
+        if let Some(marker) = ["```", "~~~"].into_iter().find(|m| t.starts_with(m)) {
+            match fence {
+                None => fence = Some(marker),
+                Some(f) if f == marker => fence = None,
+                Some(_) => {}
+            }
+            continue;
+        }
+        if fence.is_some() {
+            continue;
+        }
+        let level = t.len() - t.trim_start_matches('#').len();
+        if (1..=6).contains(&level) && t[level..].starts_with(' ') && line.len() - t.len() < 4 {
+            let title = t[level..].trim().trim_end_matches('#').trim();
+            let slug: String = title
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect();
+            let n = seen.entry(slug.clone()).or_insert(0);
+            out.insert(if *n == 0 {
+                slug.clone()
+            } else {
+                format!("{slug}-{n}")
+            });
+            *n += 1;
+        }
+        for attr in ["<a id=\"", "<a name=\""] {
+            for part in line.split(attr).skip(1) {
+                if let Some(id) = part.split('"').next() {
+                    out.insert(id.to_owned());
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Where an expression came from, and the expression with Grafana's variables replaced
@@ -190,7 +264,9 @@ fn rule_exprs() -> Vec<Expr> {
 
 #[test]
 fn every_promql_expression_in_rules_and_dashboards_parses() {
-    let Some(promtool) = promtool() else { return };
+    let Some(promtool) = warden_testkit::tools::promtool() else {
+        return;
+    };
     let exprs: Vec<Expr> = rule_exprs().into_iter().chain(dashboard_exprs()).collect();
     assert!(exprs.len() > 50, "only {} expressions found", exprs.len());
     // Each expression becomes a recording rule; `promtool check rules` parses them all
@@ -230,7 +306,9 @@ fn every_promql_expression_in_rules_and_dashboards_parses() {
 
 #[test]
 fn alert_rule_files_pass_promtool_check() {
-    let Some(promtool) = promtool() else { return };
+    let Some(promtool) = warden_testkit::tools::promtool() else {
+        return;
+    };
     let out = Command::new(promtool)
         .args(["check", "rules"])
         .args(rule_files())
@@ -246,7 +324,9 @@ fn alert_rule_files_pass_promtool_check() {
 
 #[test]
 fn alert_unit_tests_pass() {
-    let Some(promtool) = promtool() else { return };
+    let Some(promtool) = warden_testkit::tools::promtool() else {
+        return;
+    };
     let out = Command::new(promtool)
         .args(["test", "rules"])
         .args(rule_test_files())
@@ -522,4 +602,137 @@ fn dashboards_use_their_datasource_variable_and_define_their_variables() {
             }
         }
     }
+}
+
+#[test]
+fn markdown_anchors_are_the_ones_github_makes() {
+    let text = "# Top\n\n## `WardenX` alert\n\n```sh\n# not a heading\n```\n\n### Top\n\
+                <a id=\"custom-1\"></a>\n#### Runbooks: what to do?\n    # indented code\n#x\n";
+    let want: BTreeSet<String> = [
+        "top",
+        "wardenx-alert",
+        "top-1",
+        "custom-1",
+        "runbooks-what-to-do",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(markdown_anchors(text), want);
+}
+
+#[test]
+fn every_alert_has_a_severity_a_summary_a_description_and_a_runbook_url_into_the_docs() {
+    let page = runbook_page();
+    let anchors = markdown_anchors(&observability_doc());
+    let mut problems = Vec::new();
+    for (name, rule) in alert_rules() {
+        let severity = rule["labels"]["severity"].as_str();
+        if !matches!(severity, Some("critical" | "warning")) {
+            problems.push(format!(
+                "{name}: severity {severity:?}, not critical or warning"
+            ));
+        }
+        let keys: Vec<&str> = rule["annotations"]
+            .as_object()
+            .map(|m| m.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        if keys != ["description", "runbook_url", "summary"] {
+            problems.push(format!(
+                "{name}: annotations {keys:?}, not summary, description and runbook_url"
+            ));
+        }
+        let Some(url) = rule["annotations"]["runbook_url"].as_str() else {
+            continue;
+        };
+        let want = format!("{page}#{}", name.to_lowercase());
+        if url != want {
+            problems.push(format!("{name}: runbook_url {url}, not {want}"));
+        }
+        match url.split_once('#') {
+            Some((_, anchor)) if anchors.contains(anchor) => {}
+            Some((_, anchor)) => problems.push(format!(
+                "{name}: runbook_url {url}: docs/OBSERVABILITY.md has no heading or anchor \
+                 #{anchor} (add a `#### {name}` runbook section)"
+            )),
+            None => problems.push(format!("{name}: runbook_url {url} has no #anchor")),
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "alert annotations:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn docs_alert_table_lists_every_alert_with_its_severity() {
+    let doc = observability_doc();
+    let mut table = BTreeMap::new();
+    for line in doc.lines().filter(|l| l.starts_with("| [`Warden")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let link = cells[1];
+        let name = link
+            .strip_prefix("[`")
+            .and_then(|r| r.split_once("`]("))
+            .map(|(n, _)| n.to_owned())
+            .unwrap_or_else(|| panic!("alert table row {line:?}: not [`Name`](#anchor)"));
+        assert_eq!(
+            link,
+            format!("[`{name}`](#{})", name.to_lowercase()),
+            "the table links each alert to its runbook"
+        );
+        assert!(
+            table.insert(name.clone(), cells[2].to_owned()).is_none(),
+            "{name} is in the alert table twice"
+        );
+    }
+    let rules: BTreeMap<String, String> = alert_rules()
+        .into_iter()
+        .map(|(name, r)| {
+            let sev = r["labels"]["severity"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            (name, sev)
+        })
+        .collect();
+    assert_eq!(
+        table, rules,
+        "docs/OBSERVABILITY.md's alert table (alert, severity) vs the rules"
+    );
+}
+
+#[test]
+fn every_firing_alert_test_checks_the_annotations_and_the_runbook_url() {
+    let urls: BTreeMap<String, String> = alert_rules()
+        .into_iter()
+        .map(|(name, r)| {
+            let url = r["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            (name, url)
+        })
+        .collect();
+    let mut problems = Vec::new();
+    for path in rule_test_files() {
+        let doc = yaml(&path);
+        for t in doc["tests"].as_array().expect("tests") {
+            for a in t["alert_rule_test"].as_array().into_iter().flatten() {
+                let name = a["alertname"].as_str().expect("alertname");
+                for e in a["exp_alerts"].as_array().into_iter().flatten() {
+                    let got = e["exp_annotations"]["runbook_url"].as_str();
+                    if got != urls.get(name).map(String::as_str) {
+                        problems.push(format!(
+                            "{}: {name}: exp_annotations runbook_url {got:?}, the rule's is {:?}",
+                            t["name"],
+                            urls.get(name)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "alert tests:\n{}", problems.join("\n"));
 }

@@ -1,8 +1,9 @@
 //! The Slurm job hook on a real Slurm cluster (issue 8): slurmctld runs
 //! deploy/slurm/prolog.sh and epilog.sh as PrologSlurmctld/EpilogSlurmctld, they report to
 //! a real `warden-controller`, and `GET /api/v1/jobs` shows each job running on the nodes
-//! Slurm gave it, then ended. A controller that is down or never answers delays a job by
-//! at most the hook's timeout and never fails it. docs/SLURM-TESTS.md says how to run it.
+//! Slurm gave it, then ended, with the exit code or signal Slurm gave the epilog. A
+//! controller that is down or never answers delays a job by at most the hook's timeout
+//! and never fails it. docs/SLURM-TESTS.md says how to run it.
 
 mod support;
 
@@ -78,13 +79,27 @@ fn check_job(ctl: &Controller, cluster: &SlurmCluster, id: u32, name: &str, rank
         ("COMPLETED", Some(0)),
         "{done:?}"
     );
-    let v = wait_view(ctl, cluster, id, "ended", |v| v["phase"] == "ended");
+    let v = ended_as(ctl, cluster, id, serde_json::json!([0, null, 0, null]));
     let ended = v["ended_s"].as_f64().expect("ended_s");
     assert!(
         ended >= started + 2.0,
         "ran 3 s at least: started {started}, ended {ended}"
     );
     assert_eq!(v["open_incidents"], 0, "{v}");
+}
+
+/// Wait until the controller shows job `id` ended, and check how: `want` is
+/// `[exit_code, signal, derived_exit_code, derived_signal]` as the job view has them.
+fn ended_as(ctl: &Controller, cluster: &SlurmCluster, id: u32, want: Value) -> Value {
+    let v = wait_view(ctl, cluster, id, "ended", |v| v["phase"] == "ended");
+    let got = serde_json::json!([
+        v["exit_code"],
+        v["signal"],
+        v["derived_exit_code"],
+        v["derived_signal"]
+    ]);
+    assert_eq!(got, want, "job {id}: {v}");
+    v
 }
 
 #[test]
@@ -113,10 +128,26 @@ fn the_controller_sees_slurm_jobs_start_and_end() {
     ]);
     check_job(&ctl, &cluster, two, "warden-two", 2, &go);
 
+    // How a job ended reaches the controller: the batch script's exit code, the signal
+    // that killed it, and the worst step's exit code when the script itself went on.
+    let endings = [
+        ("exit 3", serde_json::json!([3, null, 0, null])),
+        ("kill -9 $$", serde_json::json!([null, 9, 0, null])),
+        ("srun false; exit 0", serde_json::json!([0, null, 1, null])),
+    ];
+    for (script, want) in &endings {
+        let id = cluster.sbatch(&["--wrap", script]);
+        let done = cluster.wait_job(id, "finished", JOB_TIMEOUT, JobInfo::finished);
+        eprintln!("`{script}`: Slurm says {done:?}");
+        ended_as(&ctl, &cluster, id, want.clone());
+    }
+
     let metrics = ctl.metrics();
+    let jobs = 2 + endings.len();
     for event in ["start", "end"] {
-        let series =
-            format!("warden_job_lifecycle_events_total{{event=\"{event}\",scheduler=\"slurm\"}} 2");
+        let series = format!(
+            "warden_job_lifecycle_events_total{{event=\"{event}\",scheduler=\"slurm\"}} {jobs}"
+        );
         assert!(metrics.contains(&series), "{series} missing:\n{metrics}");
     }
     eprintln!("Slurm acceptance took {:?}", began.elapsed());

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tell the Warden controller that a Slurm job starts or ends: its id, name, nodes and
-# ranks, as POST /api/v1/jobs/{job}/lifecycle (docs/API.md). The Warden job is the
-# Slurm job id, the name the agents give lines of `slurm-<job id>.out`.
+# ranks, and at the end how it ended (exit code or signal), as
+# POST /api/v1/jobs/{job}/lifecycle (docs/API.md). The Warden job is the Slurm job id,
+# the name the agents give lines of `slurm-<job id>.out`.
 #
 # Install it once and name it in slurm.conf for both hooks (docs/DEPLOY.md):
 #   PrologSlurmctld=/usr/local/libexec/warden/warden-job-hook.sh
@@ -39,6 +40,46 @@ json_string() {
     s=${s//$'\r'/\\r}
     s=$(printf '%s' "$s" | tr -d '\000-\037')
     printf '"%s"' "$s"
+}
+
+# A value from the environment as it may go in a log line: short, no control characters.
+shown() {
+    printf '%s' "${1:0:40}" | tr -d '\000-\037'
+}
+
+# The JSON fields ("exit_code":N or "signal":N, names prefixed with $1) of a wait(2)
+# status, the form of SLURM_JOB_EXIT_CODE and SLURM_JOB_DERIVED_EC: the exit code in
+# the high byte when the low 7 bits are 0, else the signal in those 7 bits (0x7f is a
+# stopped process, never an end; 0x80 is the core-dump flag). Prints nothing for
+# anything else: digits only, at most 5 (a status is 16 bits), nothing out of range.
+status_fields() {
+    local prefix=$1 v=$2 sig code
+    [[ $v =~ ^[0-9]{1,5}$ ]] || return 0
+    v=$((10#$v))
+    if ((v > 65535)); then
+        return 0
+    fi
+    sig=$((v & 0x7f))
+    code=$((v >> 8))
+    if ((sig == 0 && (v & 0x80) == 0)); then
+        printf '"%sexit_code":%d' "$prefix" "$code"
+    elif ((sig != 0 && sig != 0x7f && code == 0)); then
+        printf '"%ssignal":%d' "$prefix" "$sig"
+    fi
+}
+
+# The same from SLURM_JOB_EXIT_CODE2, "exit:signal" (e.g. 1:0, 0:9), for a Slurm that
+# sets only that: one of the two is 0, as wait(2) gives one or the other.
+exit2_fields() {
+    local v=$1 code sig
+    [[ $v =~ ^([0-9]{1,3}):([0-9]{1,3})$ ]] || return 0
+    code=$((10#${BASH_REMATCH[1]}))
+    sig=$((10#${BASH_REMATCH[2]}))
+    if ((sig == 0 && code <= 255)); then
+        printf '"exit_code":%d' "$code"
+    elif ((code == 0 && sig <= 127)); then
+        printf '"signal":%d' "$sig"
+    fi
 }
 
 conf=${WARDEN_HOOK_CONFIG:-/etc/warden/slurm-hook.env}
@@ -107,8 +148,30 @@ elif info=$(timeout "$timeout_secs" "$scontrol" show job -o "$job_id" 2>/dev/nul
     fi
 fi
 
-body=$(printf '{"event":"%s","scheduler":"slurm","scheduler_job_id":"%s","name":%s,"nodes":%s,"ranks":%s}' \
-    "$event" "$job_id" "$(json_string "${SLURM_JOB_NAME:-}")" "$nodes_json" "$ranks")
+# How it ended, when slurmctld says (EpilogSlurmctld sets these; slurmd's Epilog does
+# not): a missing or malformed value is logged and left out, and the end is reported
+# without it. Nothing here may fail the hook: a failing epilog can drain the node.
+exit_json=""
+if [[ $event == end ]]; then
+    exit_json=$(status_fields "" "${SLURM_JOB_EXIT_CODE:-}")
+    if [[ -z $exit_json ]]; then
+        exit_json=$(exit2_fields "${SLURM_JOB_EXIT_CODE2:-}")
+    fi
+    if [[ -z $exit_json && -n ${SLURM_JOB_EXIT_CODE:-}${SLURM_JOB_EXIT_CODE2:-} ]]; then
+        log "job $job_id: no exit state in SLURM_JOB_EXIT_CODE='$(shown "${SLURM_JOB_EXIT_CODE:-}")' SLURM_JOB_EXIT_CODE2='$(shown "${SLURM_JOB_EXIT_CODE2:-}")'; the end goes without it"
+    fi
+    derived=$(status_fields derived_ "${SLURM_JOB_DERIVED_EC:-}")
+    if [[ -z $derived && -n ${SLURM_JOB_DERIVED_EC:-} ]]; then
+        log "job $job_id: SLURM_JOB_DERIVED_EC='$(shown "$SLURM_JOB_DERIVED_EC")' is not a wait status; the end goes without it"
+    fi
+    if [[ -n $derived ]]; then
+        exit_json+="${exit_json:+,}$derived"
+    fi
+fi
+
+body=$(printf '{"event":"%s","scheduler":"slurm","scheduler_job_id":"%s","name":%s,"nodes":%s,"ranks":%s%s}' \
+    "$event" "$job_id" "$(json_string "${SLURM_JOB_NAME:-}")" "$nodes_json" "$ranks" \
+    "${exit_json:+,$exit_json}")
 
 headers=(-H "Content-Type: application/json")
 if [[ -r $token_file ]]; then

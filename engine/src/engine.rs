@@ -186,6 +186,9 @@ impl Engine {
     /// reported it yet; a repeat changes nothing. An end stops new hang, straggler and
     /// slow-link findings for the job, and crash and NaN findings whose onset is after
     /// it (its teardown), and is noted on the timeline of its open incidents.
+    /// How an end says the job ended is kept for the job's view and written in the
+    /// end's timeline note, so a person sees whether the job failed, was killed or
+    /// finished.
     pub fn lifecycle(&mut self, job: &str, report: &LifecycleReport, now: Timestamp) -> Applied {
         let applied = self.cluster.apply_lifecycle(job, report, now);
         *self
@@ -202,8 +205,10 @@ impl Engine {
                     report.nodes.len()
                 ),
                 LifecycleEvent::End => format!(
-                    "{} job {} ended: no new hang, straggler or slow-link findings for it",
-                    report.scheduler, report.scheduler_job_id
+                    "{} job {} ended: {}no new hang, straggler or slow-link findings for it",
+                    report.scheduler,
+                    report.scheduler_job_id,
+                    report.end.describe().map(|d| d + "; ").unwrap_or_default()
                 ),
             };
             self.book.note_job(job, &what, now);
@@ -634,11 +639,9 @@ mod tests {
         assert!(e.job_views().is_empty());
     }
 
-    #[test]
-    fn a_nan_every_rank_reported_at_once_opens_an_incident_naming_the_job_and_no_rank() {
+    /// Job `j`'s two ranks report a NaN loss at once, just before `t`.
+    fn nan_batch(t: Timestamp) -> Vec<u8> {
         use warden_model::wire::TrainingMetric;
-        let t = Timestamp::from_secs_f64(1e9);
-        let mut e = Engine::new(EngineConfig::default(), t);
         let ranks = (0..2)
             .map(|rank| RankInfo {
                 rank,
@@ -658,7 +661,7 @@ mod tests {
                 ..TrainingMetric::default()
             })
             .collect();
-        let body = Batch {
+        Batch {
             node: "node-00".into(),
             agent_id: "a".into(),
             boot_id: "b".into(),
@@ -672,8 +675,15 @@ mod tests {
             }],
             ..Default::default()
         }
-        .encode_binary();
-        e.ingest(&body, Encoding::Binary, t).expect("valid batch");
+        .encode_binary()
+    }
+
+    #[test]
+    fn a_nan_every_rank_reported_at_once_opens_an_incident_naming_the_job_and_no_rank() {
+        let t = Timestamp::from_secs_f64(1e9);
+        let mut e = Engine::new(EngineConfig::default(), t);
+        e.ingest(&nan_batch(t), Encoding::Binary, t)
+            .expect("valid batch");
         let changes = e.tick(t.plus_secs(1.0));
         assert_eq!(changes.len(), 1, "{changes:?}");
         let views = e.incident_views(None, Some(IncidentKind::Nan), Some("j"));
@@ -749,5 +759,60 @@ mod tests {
         e.lifecycle("99", &report("end"), end);
         assert_eq!(e.job_phase("99"), Some(Phase::Ended));
         assert_eq!(e.job_views()[0].started_s, None);
+    }
+
+    /// Job `j`'s end as the Slurm hook sends it, with `exit` (JSON fields) added.
+    fn end_with(exit: &str) -> LifecycleReport {
+        crate::lifecycle::parse(
+            format!(r#"{{"event":"end","scheduler":"slurm","scheduler_job_id":"4242"{exit}}}"#)
+                .as_bytes(),
+        )
+        .expect("valid report")
+    }
+
+    #[test]
+    fn the_exit_state_of_an_end_reaches_open_incidents_and_the_job_view() {
+        let t = Timestamp::from_secs_f64(1e9);
+        let mut e = Engine::new(EngineConfig::default(), t);
+        e.ingest(&nan_batch(t), Encoding::Binary, t)
+            .expect("valid batch");
+        let changes = e.tick(t.plus_secs(1.0));
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        let id = changes[0].id.clone();
+
+        let r = end_with(r#","signal":9,"derived_exit_code":1"#);
+        assert_eq!(e.lifecycle("j", &r, t.plus_secs(2.0)), Applied::Changed);
+        let inc = e.incident(&id).expect("incident");
+        let last = &inc.timeline.last().expect("a timeline").what;
+        assert_eq!(
+            last,
+            "slurm job 4242 ended: killed by signal 9 (SIGKILL), worst step: exit code 1; \
+             no new hang, straggler or slow-link findings for it"
+        );
+        let j = &e.job_views()[0];
+        assert_eq!(
+            (j.exit_code, j.signal, j.derived_exit_code, j.derived_signal),
+            (None, Some(9), Some(1), None)
+        );
+
+        // A repeat adds no note; a requeue forgets how the last run ended.
+        let notes = e.incident(&id).expect("incident").timeline.len();
+        e.lifecycle("j", &r, t.plus_secs(3.0));
+        assert_eq!(e.incident(&id).expect("incident").timeline.len(), notes);
+        e.lifecycle("j", &report("start"), t.plus_secs(4.0));
+        let j = &e.job_views()[0];
+        assert_eq!(
+            (j.exit_code, j.signal, j.derived_exit_code),
+            (None, None, None)
+        );
+
+        // An end that says nothing of the exit reads as before.
+        let r = end_with("");
+        e.lifecycle("j", &r, t.plus_secs(5.0));
+        let inc = e.incident(&id).expect("incident");
+        assert_eq!(
+            inc.timeline.last().expect("a timeline").what,
+            "slurm job 4242 ended: no new hang, straggler or slow-link findings for it"
+        );
     }
 }

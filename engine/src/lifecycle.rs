@@ -1,6 +1,6 @@
 //! Job lifecycle reports from schedulers (`POST /api/v1/jobs/{job}/lifecycle`): the
 //! body's shape, its validation (every error names the field), and what the controller
-//! keeps of a job's start and end. Pure: no IO, no clock.
+//! keeps of a job's start and end, how it ended included. Pure: no IO, no clock.
 
 use serde::Deserialize;
 use warden_model::Timestamp;
@@ -15,6 +15,13 @@ pub const MAX_SCHEDULER_LEN: usize = 32;
 
 /// Longest human job name kept, bytes.
 pub const MAX_JOB_NAME_LEN: usize = 1024;
+
+/// Highest exit code a report may carry: wait(2) keeps 8 bits of it.
+pub const MAX_EXIT_CODE: u64 = 255;
+
+/// Highest signal a report may carry: wait(2) keeps 7 bits of it (0x7f itself means
+/// "stopped", never an end, but a scheduler's own numbering may use it).
+pub const MAX_SIGNAL: u64 = 127;
 
 /// Scheduler names that get their own `scheduler` metric label; any other is counted
 /// as `other`, so a client cannot grow the label set.
@@ -56,6 +63,9 @@ pub struct LifecycleReport {
     pub nodes: Vec<String>,
     /// Ranks (tasks) the job runs, when known.
     pub ranks: Option<u32>,
+    /// How the job ended, as far as an end says (all unknown for a start, and for an end
+    /// from a hook that does not say).
+    pub end: EndState,
 }
 
 impl LifecycleReport {
@@ -66,6 +76,83 @@ impl LifecycleReport {
             .find(|s| **s == self.scheduler)
             .copied()
             .unwrap_or("other")
+    }
+}
+
+/// How a job, or the worst of its steps, ended, in wait(2)'s terms, as its scheduler
+/// said at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExitState {
+    /// The exit code (0-255) when the job exited; `None` when a signal ended it (a
+    /// process killed by a signal has no exit code) or the scheduler did not say.
+    pub code: Option<u8>,
+    /// The signal (1-127) that ended it; `None` when none did.
+    pub signal: Option<u8>,
+}
+
+impl ExitState {
+    /// From a report's two fields, range-checked before: a signal of 0 is "no signal",
+    /// and an exit code of 0 beside a signal is wait(2)'s "no exit code" (Slurm's
+    /// `0:9`). `None` when that leaves nothing known.
+    fn from_fields(code: Option<u8>, signal: Option<u8>) -> Option<Self> {
+        let signal = signal.filter(|&s| s != 0);
+        let code = code.filter(|&c| c != 0 || signal.is_none());
+        (code.is_some() || signal.is_some()).then_some(ExitState { code, signal })
+    }
+
+    /// Whether it ended well: exit code 0, no signal.
+    pub fn success(&self) -> bool {
+        self.code == Some(0) && self.signal.is_none()
+    }
+
+    /// For people: "exit code 1", "killed by signal 9 (SIGKILL)", or both when a
+    /// scheduler gave both.
+    pub fn describe(&self) -> String {
+        let killed = self.signal.map(|s| {
+            let name = crate::state::signal_name(i32::from(s));
+            if name == "signal" {
+                format!("killed by signal {s}")
+            } else {
+                format!("killed by signal {s} ({name})")
+            }
+        });
+        match (self.code, killed) {
+            (Some(c), Some(k)) => format!("exit code {c}, {k}"),
+            (Some(c), None) => format!("exit code {c}"),
+            (None, Some(k)) => k,
+            (None, None) => "no exit status".to_owned(),
+        }
+    }
+}
+
+/// What an end report says about how the job ended; all unknown by default (a start,
+/// or an end from a hook that does not say).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct EndState {
+    /// How the job ended (Slurm: `SLURM_JOB_EXIT_CODE`, the batch script's or
+    /// salloc's status).
+    pub exit: Option<ExitState>,
+    /// How the worst of its steps ended (Slurm: `SLURM_JOB_DERIVED_EC`, the highest
+    /// status of its steps): a batch script may exit 0 after an `srun` step failed.
+    pub derived: Option<ExitState>,
+}
+
+impl EndState {
+    /// Whether the report said anything about the exit.
+    pub fn is_known(&self) -> bool {
+        self.exit.is_some() || self.derived.is_some()
+    }
+
+    /// For people, `None` when nothing is known: "exit code 1", or with a worst step
+    /// that ended otherwise, "exit code 0, worst step: exit code 2".
+    pub fn describe(&self) -> Option<String> {
+        let step = |d: &ExitState| format!("worst step: {}", d.describe());
+        match (&self.exit, &self.derived) {
+            (Some(e), Some(d)) if e != d => Some(format!("{}, {}", e.describe(), step(d))),
+            (Some(e), _) => Some(e.describe()),
+            (None, Some(d)) => Some(step(d)),
+            (None, None) => None,
+        }
     }
 }
 
@@ -104,6 +191,26 @@ pub struct Body {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4194304))]
     ranks: Option<u64>,
+    /// An end only: the job's exit code (0 to 255) when it exited (Slurm: the high
+    /// byte of `SLURM_JOB_EXIT_CODE`); left out, or 0, when a signal ended it, and left
+    /// out when unknown.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 255))]
+    exit_code: Option<u64>,
+    /// An end only: the signal (1 to 127; 0 is none) that ended the job (Slurm: the low
+    /// 7 bits of `SLURM_JOB_EXIT_CODE`).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 127))]
+    signal: Option<u64>,
+    /// An end only: the exit code (0 to 255) of the job's worst step (Slurm:
+    /// `SLURM_JOB_DERIVED_EC`, the highest exit status of its steps).
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 255))]
+    derived_exit_code: Option<u64>,
+    /// An end only: the signal (1 to 127; 0 is none) that ended the job's worst step.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0, maximum = 127))]
+    derived_signal: Option<u64>,
 }
 
 fn bad(msg: impl Into<String>) -> LifecycleError {
@@ -132,7 +239,24 @@ pub fn check_job_name(job: &str) -> Result<(), LifecycleError> {
     }
 }
 
-/// Parse and validate a JSON body.
+/// `value` of field `field` if it is at most `max`.
+fn bounded(field: &str, value: Option<u64>, max: u64) -> Result<Option<u8>, LifecycleError> {
+    match value {
+        None => Ok(None),
+        Some(v) => u8::try_from(v)
+            .ok()
+            .filter(|&v| u64::from(v) <= max)
+            .map(Some)
+            .ok_or_else(|| {
+                bad(format!(
+                    "field `{field}`: {v} is not in 0..={max} (leave it out when unknown)"
+                ))
+            }),
+    }
+}
+
+/// Parse and validate a JSON body, with the exit state an end may carry (all unknown
+/// for a start).
 pub fn parse(body: &[u8]) -> Result<LifecycleReport, LifecycleError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
     let b: Body = serde_path_to_error::deserialize(de).map_err(|e| {
@@ -213,6 +337,28 @@ pub fn parse(body: &[u8]) -> Result<LifecycleReport, LifecycleError> {
             )));
         }
     };
+    let exit_fields = [
+        ("exit_code", b.exit_code, MAX_EXIT_CODE),
+        ("signal", b.signal, MAX_SIGNAL),
+        ("derived_exit_code", b.derived_exit_code, MAX_EXIT_CODE),
+        ("derived_signal", b.derived_signal, MAX_SIGNAL),
+    ];
+    let mut checked = [None; 4];
+    for (slot, (field, value, max)) in checked.iter_mut().zip(exit_fields) {
+        // A start has not ended: an exit state on it is a confused client, and
+        // keeping it would show a running job as failed.
+        if event == LifecycleEvent::Start && value.is_some() {
+            return Err(bad(format!(
+                "field `{field}`: only an end carries exit state (leave it out of a start)"
+            )));
+        }
+        *slot = bounded(field, value, max)?;
+    }
+    let [code, signal, derived_code, derived_signal] = checked;
+    let end = EndState {
+        exit: ExitState::from_fields(code, signal),
+        derived: ExitState::from_fields(derived_code, derived_signal),
+    };
     Ok(LifecycleReport {
         event,
         scheduler: b.scheduler,
@@ -220,6 +366,7 @@ pub fn parse(body: &[u8]) -> Result<LifecycleReport, LifecycleError> {
         name,
         nodes,
         ranks,
+        end,
     })
 }
 
@@ -244,6 +391,8 @@ pub struct JobLifecycle {
     pub ended_at: Option<Timestamp>,
     /// Times the job started again after it had ended (Slurm requeues keep the id).
     pub restarts: u32,
+    /// How the last run ended, as far as its scheduler said; all unknown while it runs.
+    pub end: EndState,
 }
 
 /// What applying a report did.
@@ -268,6 +417,7 @@ impl JobLifecycle {
             started_at: None,
             ended_at: None,
             restarts: 0,
+            end: EndState::default(),
         };
         l.apply(r, now);
         l
@@ -284,7 +434,9 @@ impl JobLifecycle {
 
     /// Apply `r` received at `now`. Idempotent: a repeated event keeps the first time.
     /// A start after an end is a new run of the same job (a requeue); an end with no
-    /// start seen before records the end alone.
+    /// start seen before records the end alone. Like its time, the first end's exit
+    /// state is kept: a repeat only adds what the first did not say (a retry from a
+    /// hook that now reads the exit state).
     pub fn apply(&mut self, r: &LifecycleReport, now: Timestamp) -> Applied {
         self.scheduler.clone_from(&r.scheduler);
         self.scheduler_job_id.clone_from(&r.scheduler_job_id);
@@ -304,11 +456,15 @@ impl JobLifecycle {
                 }
                 if self.ended_at.take().is_some() {
                     self.restarts += 1;
+                    // How the last run ended says nothing about the new one.
+                    self.end = EndState::default();
                 }
                 self.started_at = Some(now);
                 Applied::Changed
             }
             LifecycleEvent::End => {
+                self.end.exit = self.end.exit.or(r.end.exit);
+                self.end.derived = self.end.derived.or(r.end.derived);
                 if self.ended_at.is_some() {
                     return Applied::Repeat;
                 }
@@ -385,6 +541,118 @@ mod tests {
         for bad in ["", "a b", "a\u{7}", &"x".repeat(MAX_NAME_LEN + 1)] {
             assert!(check_job_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// Job 42's end as the Slurm hook sends it, with `exit` (JSON fields) added.
+    fn end_report(exit: &str) -> Result<LifecycleReport, LifecycleError> {
+        parse(
+            format!(r#"{{"event":"end","scheduler":"slurm","scheduler_job_id":"42"{exit}}}"#)
+                .as_bytes(),
+        )
+    }
+
+    fn end(exit: &str) -> Result<EndState, LifecycleError> {
+        end_report(exit).map(|r| r.end)
+    }
+
+    #[test]
+    fn an_end_carries_its_exit_state_in_range_or_is_refused_naming_the_field() {
+        let exited = |code| {
+            Some(ExitState {
+                code: Some(code),
+                signal: None,
+            })
+        };
+        let killed = |signal| {
+            Some(ExitState {
+                code: None,
+                signal: Some(signal),
+            })
+        };
+        assert_eq!(end(""), Ok(EndState::default()));
+        assert_eq!(
+            end(r#","exit_code":null,"signal":null"#),
+            Ok(EndState::default())
+        );
+        let e = end(r#","exit_code":0"#).expect("valid");
+        assert_eq!(e.exit, exited(0));
+        assert!(e.exit.is_some_and(|x| x.success()));
+        assert_eq!(e.describe().as_deref(), Some("exit code 0"));
+        // Slurm's `0:9`: killed, no exit code; a signal 0 is none.
+        let e = end(r#","exit_code":0,"signal":9"#).expect("valid");
+        assert_eq!(e.exit, killed(9));
+        assert_eq!(
+            e.describe().as_deref(),
+            Some("killed by signal 9 (SIGKILL)")
+        );
+        assert_eq!(
+            end(r#","exit_code":1,"signal":0"#).expect("valid").exit,
+            exited(1)
+        );
+        assert_eq!(end(r#","signal":0"#), Ok(EndState::default()));
+        let e = end(r#","exit_code":255,"signal":127,"derived_exit_code":2"#).expect("bounds");
+        assert_eq!(
+            e.describe().as_deref(),
+            Some("exit code 255, killed by signal 127, worst step: exit code 2")
+        );
+        let e = end(r#","exit_code":3,"derived_exit_code":3,"derived_signal":0"#).expect("valid");
+        assert_eq!(e.describe().as_deref(), Some("exit code 3"), "{e:?}");
+        let e = end(r#","derived_signal":15"#).expect("valid");
+        assert_eq!(
+            e.describe().as_deref(),
+            Some("worst step: killed by signal 15 (SIGTERM)")
+        );
+
+        for (field, value) in [
+            ("exit_code", "256"),
+            ("exit_code", "-1"),
+            ("exit_code", "1.5"),
+            ("exit_code", "\"1\""),
+            ("signal", "128"),
+            ("signal", "18446744073709551615"),
+            ("derived_exit_code", "1000"),
+            ("derived_signal", "200"),
+        ] {
+            let e = end(&format!(r#","{field}":{value}"#)).expect_err(value).0;
+            assert!(
+                e.contains(&format!("field `{field}`")),
+                "{field}={value}: {e}"
+            );
+        }
+        let e = end(r#","signal":128"#).expect_err("range").0;
+        assert!(e.contains("0..=127"), "{e}");
+        let e = err(
+            r#"{"event":"start","scheduler":"slurm","scheduler_job_id":"1","nodes":["a"],"exit_code":0}"#,
+        );
+        assert!(
+            e.contains("`exit_code`") && e.contains("only an end"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_exit_state_is_kept_until_the_job_runs_again() {
+        let t = |s: f64| Timestamp::from_secs_f64(1e9 + s);
+        let start = report("start", r#"["n1"]"#).expect("valid");
+        let failed = end_report(r#","exit_code":1"#).expect("valid");
+        let mut l = JobLifecycle::new(&start, t(0.0));
+        assert_eq!(l.apply(&failed, t(1.0)), Applied::Changed);
+        assert_eq!(l.end, failed.end);
+        // A repeat keeps what the first end said, and adds only what it did not say.
+        let none = end_report("").expect("valid");
+        assert_eq!(l.apply(&none, t(2.0)), Applied::Repeat);
+        assert_eq!(l.end, failed.end);
+        let other = end_report(r#","signal":9,"derived_exit_code":2"#).expect("valid");
+        assert_eq!(l.apply(&other, t(2.5)), Applied::Repeat);
+        assert_eq!(
+            (l.end.exit, l.end.derived),
+            (failed.end.exit, other.end.derived)
+        );
+        // A start never carries one; a requeue forgets the last run's.
+        assert_eq!(l.apply(&start, t(3.0)), Applied::Changed);
+        assert_eq!(l.end, EndState::default());
+        let only_end = JobLifecycle::new(&failed, t(4.0));
+        assert_eq!((only_end.phase(), only_end.end), (Phase::Ended, failed.end));
     }
 
     #[test]

@@ -1643,6 +1643,10 @@ impl Cluster {
                     expected_nodes: l.map(|l| l.nodes.clone()).unwrap_or_default(),
                     expected_ranks: l.and_then(|l| l.ranks),
                     restarts: l.map_or(0, |l| l.restarts),
+                    exit_code: l.and_then(|l| l.end.exit).and_then(|e| e.code),
+                    signal: l.and_then(|l| l.end.exit).and_then(|e| e.signal),
+                    derived_exit_code: l.and_then(|l| l.end.derived).and_then(|e| e.code),
+                    derived_signal: l.and_then(|l| l.end.derived).and_then(|e| e.signal),
                 }
             })
             .collect();

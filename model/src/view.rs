@@ -218,6 +218,24 @@ pub struct JobView {
     /// Times it started again after an end (a requeue).
     #[serde(default)]
     pub restarts: u32,
+    /// The exit code its scheduler reported at its end (0 to 255); `None` while it
+    /// runs, when a signal ended it, or when the scheduler did not say.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 255))]
+    pub exit_code: Option<u8>,
+    /// The signal that ended it (1 to 127), as its scheduler reported at its end.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 127))]
+    pub signal: Option<u8>,
+    /// The exit code of its worst step (Slurm's derived exit code, the highest of its
+    /// steps'), when reported.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 255))]
+    pub derived_exit_code: Option<u8>,
+    /// The signal that ended its worst step, when reported.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 127))]
+    pub derived_signal: Option<u8>,
 }
 
 /// A node as `GET /api/v1/nodes` lists it: every node an agent reports from, and every

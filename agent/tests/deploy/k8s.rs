@@ -1,8 +1,8 @@
 //! Strict typing of Kubernetes objects: each one is deserialized into its k8s-openapi
-//! type (or, for the ServiceMonitor CRD, into our own struct that denies unknown
-//! fields), serialized back and compared with the input, because k8s-openapi's types
-//! ignore fields they do not know: a misspelled or misplaced field shows up as a
-//! difference.
+//! type (or, for the Prometheus Operator's ServiceMonitor and PrometheusRule CRDs, into
+//! our own structs that deny unknown fields), serialized back and compared with the
+//! input, because k8s-openapi's types ignore fields they do not know: a misspelled or
+//! misplaced field shows up as a difference.
 
 use std::collections::BTreeMap;
 
@@ -70,6 +70,7 @@ pub enum Typed {
     RoleBinding(Box<RoleBinding>),
     NetworkPolicy(Box<NetworkPolicy>),
     ServiceMonitor(Box<ServiceMonitor>),
+    PrometheusRule(Box<PrometheusRule>),
 }
 
 impl Typed {
@@ -141,6 +142,50 @@ pub struct Relabel {
     pub action: Option<String>,
 }
 
+/// `monitoring.coreos.com/v1` PrometheusRule: the fields Warden uses, nothing else.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PrometheusRule {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: PrometheusRuleSpec,
+}
+
+/// Its `spec`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PrometheusRuleSpec {
+    pub groups: Vec<RuleGroup>,
+}
+
+/// A rule group, as in a Prometheus rule file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuleGroup {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<String>,
+    pub rules: Vec<Rule>,
+}
+
+/// An alerting or recording rule.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<String>,
+    pub expr: String,
+    #[serde(default, rename = "for", skip_serializing_if = "Option::is_none")]
+    pub for_: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
 /// Every path where `a` and `b` differ.
 pub fn diff(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
     match (a, b) {
@@ -205,32 +250,39 @@ pub fn strict(obj: &Obj) -> Result<Typed, String> {
             check_service_monitor(&sm)?;
             Typed::ServiceMonitor(sm)
         }
+        ("monitoring.coreos.com/v1", "PrometheusRule") => {
+            let pr: Box<PrometheusRule> = round_trip(v)?;
+            check_prometheus_rule(&pr)?;
+            Typed::PrometheusRule(pr)
+        }
         (api, kind) => return Err(format!("{api} {kind} is not a kind the manifests may hold")),
     })
 }
 
+/// A Prometheus duration (`15s`, `1h30m`), as the CRDs' schemas accept it.
+fn duration(s: &str) -> bool {
+    let mut rest = s;
+    let mut parts = 0;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits == 0 {
+            return false;
+        }
+        rest = &rest[digits..];
+        let unit = ["ms", "s", "m", "h", "d", "w", "y"]
+            .into_iter()
+            .find(|u| rest.starts_with(u));
+        match unit {
+            Some(u) => rest = &rest[u.len()..],
+            None => return false,
+        }
+        parts += 1;
+    }
+    parts > 0
+}
+
 /// What the CRD's schema would refuse among the fields we model.
 fn check_service_monitor(sm: &ServiceMonitor) -> Result<(), String> {
-    let duration = |s: &str| {
-        let mut rest = s;
-        let mut parts = 0;
-        while !rest.is_empty() {
-            let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-            if digits == 0 {
-                return false;
-            }
-            rest = &rest[digits..];
-            let unit = ["ms", "s", "m", "h", "d", "w", "y"]
-                .into_iter()
-                .find(|u| rest.starts_with(u));
-            match unit {
-                Some(u) => rest = &rest[u.len()..],
-                None => return false,
-            }
-            parts += 1;
-        }
-        parts > 0
-    };
     for e in &sm.spec.endpoints {
         for d in std::iter::once(&e.interval).chain(e.scrape_timeout.as_ref()) {
             if !duration(d) {
@@ -260,6 +312,44 @@ fn check_service_monitor(sm: &ServiceMonitor) -> Result<(), String> {
             }
             if action == "replace" && r.target_label.is_none() {
                 return Err("a replace relabeling needs targetLabel".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the CRD's schema (or the Operator, which refuses the whole object) would refuse:
+/// a rule that is neither or both of alert and record, a bad duration, a group name twice.
+fn check_prometheus_rule(pr: &PrometheusRule) -> Result<(), String> {
+    let mut names = std::collections::BTreeSet::new();
+    for g in &pr.spec.groups {
+        if g.name.is_empty() || !names.insert(g.name.as_str()) {
+            return Err(format!("group name {:?} is empty or used twice", g.name));
+        }
+        if let Some(d) = g.interval.as_deref().filter(|d| !duration(d)) {
+            return Err(format!(
+                "group {}: {d:?} is not a Prometheus duration",
+                g.name
+            ));
+        }
+        for r in &g.rules {
+            let what = r.alert.as_deref().or(r.record.as_deref()).unwrap_or("");
+            if r.alert.is_some() == r.record.is_some() {
+                return Err(format!(
+                    "group {}: rule {what:?} must be exactly one of alert and record",
+                    g.name
+                ));
+            }
+            if what.is_empty() || r.expr.trim().is_empty() {
+                return Err(format!("group {}: a rule without a name or expr", g.name));
+            }
+            if let Some(d) = r.for_.as_deref().filter(|d| !duration(d)) {
+                return Err(format!("{what}: for {d:?} is not a Prometheus duration"));
+            }
+            if r.record.is_some() && (r.for_.is_some() || r.annotations.is_some()) {
+                return Err(format!(
+                    "{what}: a recording rule has no for or annotations"
+                ));
             }
         }
     }

@@ -166,6 +166,7 @@ fn plain_manifests_are_strictly_valid_and_all_in_the_kustomization() {
         "RoleBinding",
         "NetworkPolicy",
         "ServiceMonitor",
+        "PrometheusRule",
     ] {
         assert!(kinds.contains(k), "deploy/kubernetes has no {k}");
     }
@@ -293,6 +294,7 @@ fn chart_options_render_valid_objects() {
     v["agent"]["ncclSegments"] = false.into();
     v["rbac"]["create"] = false.into();
     v["serviceMonitor"]["labels"] = serde_json::json!({"release": "prometheus"});
+    v["alerts"]["prometheusRule"]["labels"] = serde_json::json!({"release": "prometheus"});
     v["networkPolicy"]["enabled"] = false.into();
     let objs = typed(
         render(&v)
@@ -325,6 +327,209 @@ fn chart_options_render_valid_objects() {
     assert_eq!(
         labels.get("app.kubernetes.io/name").map(String::as_str),
         Some("warden-agent")
+    );
+    let Typed::PrometheusRule(pr) = find(&objs, "PrometheusRule", "warden-alerts") else {
+        panic!("a PrometheusRule");
+    };
+    let labels = pr.metadata.labels.as_ref().expect("labels");
+    assert_eq!(
+        labels.get("release").map(String::as_str),
+        Some("prometheus"),
+        "the label Prometheus' ruleSelector matches"
+    );
+    assert_eq!(
+        labels.get("app.kubernetes.io/part-of").map(String::as_str),
+        Some("warden")
+    );
+
+    let mut v = chart_values();
+    v["serviceMonitor"]["enabled"] = false.into();
+    v["alerts"]["prometheusRule"]["enabled"] = false.into();
+    let objs = typed(
+        render(&v)
+            .iter()
+            .flat_map(|(n, t)| yaml_objects(t, n))
+            .collect(),
+    );
+    assert!(
+        objs.iter()
+            .all(|(o, _)| !matches!(o.kind(), "ServiceMonitor" | "PrometheusRule")),
+        "without the Prometheus Operator the chart needs none of its CRDs"
+    );
+}
+
+/// The alert rule file: rules/prometheus/warden-alerts.yaml, parsed.
+fn rule_file() -> Value {
+    let path = repo().join("rules/prometheus/warden-alerts.yaml");
+    warden_model::yaml::from_str(&read(&path)).expect("the alert rule file parses")
+}
+
+/// The rule groups of the chart's PrometheusRule rendered with `values`.
+fn chart_rule_groups(values: &Value) -> Value {
+    let objs = typed(
+        render(values)
+            .iter()
+            .flat_map(|(n, t)| yaml_objects(t, &format!("chart templates/{n}")))
+            .collect(),
+    );
+    let rules: Vec<&Obj> = objs
+        .iter()
+        .filter(|(o, _)| o.kind() == "PrometheusRule")
+        .map(|(o, _)| o)
+        .collect();
+    assert_eq!(rules.len(), 1, "the chart renders one PrometheusRule");
+    assert_eq!(rules[0].name(), format!("{RELEASE}-alerts"));
+    rules[0].value["spec"]["groups"].clone()
+}
+
+/// Every string in `v` with `f` applied.
+fn map_strings(v: &Value, f: &dyn Fn(&str) -> String) -> Value {
+    match v {
+        Value::String(s) => Value::String(f(s)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| map_strings(x, f)).collect()),
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, x)| (k.clone(), map_strings(x, f)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// How many times `needle` occurs in the strings of `v`.
+fn occurrences(v: &Value, needle: &str) -> usize {
+    match v {
+        Value::String(s) => s.matches(needle).count(),
+        Value::Array(a) => a.iter().map(|x| occurrences(x, needle)).sum(),
+        Value::Object(m) => m.values().map(|x| occurrences(x, needle)).sum(),
+        _ => 0,
+    }
+}
+
+#[test]
+fn chart_prometheus_rule_with_default_values_is_the_rule_file() {
+    let file = rule_file();
+    let keys: Vec<&String> = file.as_object().expect("a mapping").keys().collect();
+    assert_eq!(keys, ["groups"], "the rule file holds rule groups only");
+    let groups = chart_rule_groups(&chart_values());
+    let mut diffs = Vec::new();
+    k8s::diff(&file["groups"], &groups, "groups", &mut diffs);
+    assert!(
+        diffs.is_empty(),
+        "rules/prometheus/warden-alerts.yaml and the chart's PrometheusRule (default values) \
+         differ; change deploy/helm/warden/templates/prometheusrule.yaml, the rule file and \
+         deploy/kubernetes/prometheusrule.yaml together:\n{}",
+        diffs.join("\n")
+    );
+
+    // The default selectors select the job names the ServiceMonitors give the targets.
+    let v = chart_values();
+    for (what, objs) in both() {
+        for (name, selector) in [
+            ("warden-agent", &v["alerts"]["agentSelector"]),
+            ("warden-controller", &v["alerts"]["controllerSelector"]),
+        ] {
+            let Typed::ServiceMonitor(sm) = find(&objs, "ServiceMonitor", name) else {
+                panic!("{what}: ServiceMonitor {name}");
+            };
+            let job = sm.spec.endpoints[0]
+                .relabelings
+                .iter()
+                .find(|r| r.target_label.as_deref() == Some("job"))
+                .and_then(|r| r.replacement.clone())
+                .expect("a job label");
+            assert_eq!(
+                selector.as_str(),
+                Some(format!("job=\"{job}\"").as_str()),
+                "{what}: alerts selector for {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn chart_prometheus_rule_takes_its_selectors_and_runbook_url_from_the_values() {
+    let defaults = chart_values();
+    let custom = [
+        ("agentSelector", r#"job="gpu-nodes",namespace="ml""#),
+        (
+            "controllerSelector",
+            r#"job=~"warden-ctl|warden-controller-.*""#,
+        ),
+        ("runbookUrl", "https://wiki.example.com/warden/alerts"),
+    ];
+    let mut v = defaults.clone();
+    let file = rule_file();
+    let mut replaced = Vec::new();
+    for (key, value) in custom {
+        let default = defaults["alerts"][key]
+            .as_str()
+            .unwrap_or_else(|| panic!("alerts.{key} is a string"))
+            .to_owned();
+        assert!(
+            occurrences(&file, &default) > 0,
+            "the rule file never uses the default alerts.{key} {default}"
+        );
+        v["alerts"][key] = value.into();
+        replaced.push((default, value));
+    }
+    // Every rule's runbook_url is the page with the alert's anchor.
+    let page = defaults["alerts"]["runbookUrl"]
+        .as_str()
+        .expect("runbookUrl");
+    for g in file["groups"].as_array().expect("groups") {
+        for r in g["rules"].as_array().expect("rules") {
+            let name = r["alert"].as_str().expect("an alert");
+            assert_eq!(
+                r["annotations"]["runbook_url"].as_str(),
+                Some(format!("{page}#{}", name.to_lowercase()).as_str()),
+                "{name}: runbook_url"
+            );
+        }
+    }
+    let expected = map_strings(&file["groups"], &|s| {
+        replaced
+            .iter()
+            .fold(s.to_owned(), |s, (from, to)| s.replace(from.as_str(), to))
+    });
+    let groups = chart_rule_groups(&v);
+    let mut diffs = Vec::new();
+    k8s::diff(&expected, &groups, "groups", &mut diffs);
+    assert!(
+        diffs.is_empty(),
+        "custom alerts values were not put everywhere the defaults are:\n{}",
+        diffs.join("\n")
+    );
+    for (from, to) in &replaced {
+        assert_eq!(occurrences(&groups, from), 0, "{from} is left");
+        assert_eq!(
+            occurrences(&groups, to),
+            occurrences(&file, from),
+            "{to} replaces every {from}"
+        );
+    }
+    for needle in ["warden-agent\"", "warden-controller\""] {
+        assert_eq!(occurrences(&groups, needle), 0, "a job name left: {needle}");
+    }
+
+    // The expressions with the custom selectors still parse.
+    let Some(promtool) = warden_testkit::tools::promtool() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("rules.yaml");
+    let doc = serde_json::json!({ "groups": groups });
+    std::fs::write(&path, serde_saphyr::to_string(&doc).expect("yaml")).expect("write rules");
+    let out = std::process::Command::new(promtool)
+        .args(["check", "rules"])
+        .arg(&path)
+        .output()
+        .expect("run promtool");
+    assert!(
+        out.status.success(),
+        "promtool check rules on the chart's rules with custom selectors:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -1263,7 +1468,7 @@ fn kubernetes_validate_accepts_every_object() {
     let crds = plain()
         .iter()
         .chain(chart().iter())
-        .filter(|o| o.kind() == "ServiceMonitor")
+        .filter(|o| matches!(o.kind(), "ServiceMonitor" | "PrometheusRule"))
         .count();
     let out = std::process::Command::new(&exe)
         .args(["--strict", "-k", KUBERNETES_VERSION])
@@ -1282,8 +1487,11 @@ fn kubernetes_validate_accepts_every_object() {
         .count();
     let skipped: Vec<&str> = text.lines().filter(|l| l.starts_with("WARN")).collect();
     assert!(
-        skipped.iter().all(|l| l.contains("kind ServiceMonitor")),
-        "only the ServiceMonitor CRD lacks a schema (it is checked by k8s::ServiceMonitor):\n{text}"
+        skipped
+            .iter()
+            .all(|l| l.contains("kind ServiceMonitor") || l.contains("kind PrometheusRule")),
+        "only the Prometheus Operator's CRDs lack a schema (k8s::ServiceMonitor and \
+         k8s::PrometheusRule check them):\n{text}"
     );
     assert_eq!(skipped.len(), crds, "{text}");
     assert_eq!(

@@ -306,20 +306,81 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// The body the hook posts for job 4242 of [`Hook::run`], with `exit` (the exit state
+/// fields) added.
+fn expected_body(event: &str, exit: serde_json::Value) -> serde_json::Value {
+    let mut body = serde_json::json!({
+        "event": event,
+        "scheduler": "slurm",
+        "scheduler_job_id": "4242",
+        "name": "llama \"70b\"\\\tpretrain",
+        "nodes": ["gpu01", "gpu02"],
+        "ranks": 16,
+    });
+    let fields = body.as_object_mut().expect("an object");
+    for (k, v) in exit.as_object().expect("an object") {
+        fields.insert(k.clone(), v.clone());
+    }
+    body
+}
+
 #[test]
-fn job_hook_reports_start_and_end_with_nodes_and_ranks() {
+fn job_hook_reports_start_and_end_with_nodes_ranks_and_exit_state() {
+    use serde_json::json;
     let hook = Hook::new();
-    let (url, seen) = server(vec!["202 Accepted", "202 Accepted", "202 Accepted"]);
+    // slurmctld's EpilogSlurmctld environment: SLURM_JOB_EXIT_CODE is the wait(2)
+    // status (256: exit code 1; 15: killed by SIGTERM), SLURM_JOB_EXIT_CODE2 the same
+    // as "exit:signal", SLURM_JOB_DERIVED_EC the highest status of the steps.
     let runs = [
-        ("prolog.sh", vec![], "start"),
-        ("epilog.sh", vec![], "end"),
+        // A start never carries exit state, whatever the environment says.
+        (
+            "prolog.sh",
+            vec![("SLURM_JOB_EXIT_CODE", "256")],
+            "start",
+            json!({}),
+        ),
+        // slurmd's Epilog, or an older Slurm: no exit state to send.
+        ("epilog.sh", vec![], "end", json!({})),
         (
             "warden-job-hook.sh",
-            vec![("SLURM_SCRIPT_CONTEXT", "epilog_slurmctld")],
+            vec![
+                ("SLURM_SCRIPT_CONTEXT", "epilog_slurmctld"),
+                ("SLURM_JOB_EXIT_CODE", "256"),
+                ("SLURM_JOB_EXIT_CODE2", "1:0"),
+                ("SLURM_JOB_DERIVED_EC", "9"),
+            ],
             "end",
+            json!({"exit_code": 1, "derived_signal": 9}),
+        ),
+        (
+            "epilog.sh",
+            vec![
+                ("SLURM_JOB_EXIT_CODE", "15"),
+                ("SLURM_JOB_EXIT_CODE2", "0:15"),
+                ("SLURM_JOB_DERIVED_EC", "0"),
+            ],
+            "end",
+            json!({"signal": 15, "derived_exit_code": 0}),
+        ),
+        (
+            "epilog.sh",
+            vec![
+                ("SLURM_JOB_EXIT_CODE", "0"),
+                ("SLURM_JOB_DERIVED_EC", "512"),
+            ],
+            "end",
+            json!({"exit_code": 0, "derived_exit_code": 2}),
+        ),
+        // Only the "exit:signal" form: it is used instead.
+        (
+            "epilog.sh",
+            vec![("SLURM_JOB_EXIT_CODE2", "3:0")],
+            "end",
+            json!({"exit_code": 3}),
         ),
     ];
-    for (script, env, _) in &runs {
+    let (url, seen) = server(vec!["202 Accepted"; runs.len()]);
+    for (script, env, _, _) in &runs {
         let (out, _) = hook.run(script, &url, env);
         assert!(out.status.success(), "{script}: {}", stderr(&out));
         assert!(
@@ -329,7 +390,8 @@ fn job_hook_reports_start_and_end_with_nodes_and_ranks() {
         );
     }
     let seen = seen.join().expect("server thread");
-    for (s, (script, _, event)) in seen.iter().zip(&runs) {
+    assert_eq!(seen.len(), runs.len());
+    for (s, (script, env, event, exit)) in seen.iter().zip(&runs) {
         assert_eq!(
             s.request_line, "POST /api/v1/jobs/4242/lifecycle HTTP/1.1",
             "{script}"
@@ -344,18 +406,65 @@ fn job_hook_reports_start_and_end_with_nodes_and_ranks() {
         );
         let body: serde_json::Value = serde_json::from_str(&s.body)
             .unwrap_or_else(|e| panic!("{script}: body is not JSON ({e}): {}", s.body));
-        assert_eq!(
-            body,
-            serde_json::json!({
-                "event": event,
-                "scheduler": "slurm",
-                "scheduler_job_id": "4242",
-                "name": "llama \"70b\"\\\tpretrain",
-                "nodes": ["gpu01", "gpu02"],
-                "ranks": 16,
-            }),
-            "{script}"
+        assert_eq!(body, expected_body(event, exit.clone()), "{script} {env:?}");
+    }
+}
+
+#[test]
+fn job_hook_leaves_out_a_malformed_exit_state_and_still_reports_the_end() {
+    use serde_json::json;
+    let hook = Hook::new();
+    // Each of these is not a wait status (or not "exit:signal"): the end goes without
+    // the field, the hook logs why and exits 0 (a failing epilog can drain the node).
+    let runs: Vec<(Vec<(&str, &str)>, serde_json::Value)> = vec![
+        (vec![("SLURM_JOB_EXIT_CODE", "abc")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE", "-1")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE", "65536")], json!({})),
+        (
+            vec![("SLURM_JOB_EXIT_CODE", "99999999999999999999999")],
+            json!({}),
+        ),
+        (vec![("SLURM_JOB_EXIT_CODE", "1; echo x")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE", "256\n")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE", " 256")], json!({})),
+        // A stopped process (0x7f), an exit code beside a signal, a core flag alone.
+        (vec![("SLURM_JOB_EXIT_CODE", "127")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE", "265")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE", "128")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE2", "1:9")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE2", "256:0")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE2", "0:128")], json!({})),
+        (vec![("SLURM_JOB_EXIT_CODE2", "1")], json!({})),
+        (vec![("SLURM_JOB_DERIVED_EC", "1e3")], json!({})),
+        (vec![("SLURM_JOB_DERIVED_EC", "\u{7}")], json!({})),
+        // A malformed status beside a good "exit:signal": that one is sent.
+        (
+            vec![
+                ("SLURM_JOB_EXIT_CODE", "x"),
+                ("SLURM_JOB_EXIT_CODE2", "0:9"),
+                ("SLURM_JOB_DERIVED_EC", "bad"),
+            ],
+            json!({"signal": 9}),
+        ),
+    ];
+    let (url, seen) = server(vec!["202 Accepted"; runs.len()]);
+    for (env, _) in &runs {
+        let (out, _) = hook.run("epilog.sh", &url, env);
+        let err = stderr(&out);
+        assert!(out.status.success(), "{env:?}: {err}");
+        assert!(err.contains("reported job 4242: end"), "{env:?}: {err}");
+        assert!(err.contains("the end goes without it"), "{env:?}: {err}");
+        assert!(
+            !err.contains('\u{7}'),
+            "control characters stay out of the log"
         );
+    }
+    let seen = seen.join().expect("server thread");
+    assert_eq!(seen.len(), runs.len());
+    for (s, (env, exit)) in seen.iter().zip(&runs) {
+        let body: serde_json::Value = serde_json::from_str(&s.body)
+            .unwrap_or_else(|e| panic!("{env:?}: body is not JSON ({e}): {}", s.body));
+        assert_eq!(body, expected_body("end", exit.clone()), "{env:?}");
     }
 }
 

@@ -47,12 +47,16 @@ import socket
 import sys
 import threading
 import time
+from typing import Optional, SupportsFloat
 
 from . import _wire
 
 __all__ = ["init", "step", "stats", "shutdown", "capture_mode", "checking_inputs", "DEFAULT_SOCKET"]
 
-DEFAULT_SOCKET = "/run/warden/capture.sock"
+# The package's version; pyproject.toml reads it from here.
+__version__ = "0.1.0"
+
+DEFAULT_SOCKET: str = "/run/warden/capture.sock"
 _HELLO_EVERY_S = 5.0
 _MAX_BACKLOG = 1 << 20
 # Longest a process's exit waits for the agent to take its goodbye (seconds).
@@ -60,7 +64,7 @@ _GOODBYE_S = 5.0
 _NOSIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)
 
 _log = logging.getLogger("warden_torch")
-_state = None
+_state: Optional["_State"] = None
 _lock = threading.Lock()
 
 
@@ -851,7 +855,15 @@ def _env_flag(name):
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def init(job=None, socket_path=None, rank=None, world_size=None, local_rank=None, ddp=True, check_inputs=None):
+def init(
+    job: Optional[str] = None,
+    socket_path: Optional[str] = None,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    local_rank: Optional[int] = None,
+    ddp: bool = True,
+    check_inputs: Optional[bool] = None,
+) -> bool:
     """Start reporting. Returns True when reporting is on, False when it could not be
     (no job id, no torch.distributed); it never raises. Safe to call twice.
 
@@ -913,7 +925,12 @@ def init(job=None, socket_path=None, rank=None, world_size=None, local_rank=None
         return False
 
 
-def step(step_no, loss=None, grad_norm=None, tokens_per_s=None):
+def step(
+    step_no: int,
+    loss: Optional[SupportsFloat] = None,
+    grad_norm: Optional[SupportsFloat] = None,
+    tokens_per_s: Optional[SupportsFloat] = None,
+) -> None:
     """Report one training step's numbers (floats or one-element tensors), and with the
     input check on, the first operation since the last ``step()`` whose input held a
     NaN or infinity. Never raises."""
@@ -948,7 +965,7 @@ def _float(x):
         return None
 
 
-def capture_mode():
+def capture_mode() -> Optional[str]:
     """How operations are captured: ``hooks`` (process-group hooks: everything),
     ``methods`` (ProcessGroup methods: everything issued from Python), or None before
     ``init()``."""
@@ -956,20 +973,20 @@ def capture_mode():
     return st.mode if st else None
 
 
-def checking_inputs():
+def checking_inputs() -> bool:
     """Whether reducing operations' inputs are checked for NaN and infinity
     (``init(check_inputs=True)`` or ``WARDEN_TORCH_CHECK_INPUTS=1``)."""
     st = _state
     return bool(st and st.check_inputs)
 
 
-def stats():
-    """Datagrams sent and dropped so far."""
+def stats() -> dict[str, int]:
+    """Messages sent and dropped so far: ``{"sent": n, "dropped": n}``."""
     st = _state
     return {"sent": st.sent, "dropped": st.dropped} if st else {"sent": 0, "dropped": 0}
 
 
-def shutdown(code=0, message=""):
+def shutdown(code: int = 0, message: str = "") -> None:
     """Say goodbye (exit code, last words) and stop reporting; undoes the patches."""
     global _state
     st = _state
