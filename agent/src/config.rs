@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use warden_config::Loader;
 pub use warden_config::{ConfigError, ConfigErrors, Loaded, Provenance};
 
@@ -18,7 +18,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9461";
 
 /// The configuration file, as written. Every field is optional; what is left out keeps
 /// its default.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     /// Name this node reports as (default: `--node-name`, `NODE_NAME`, the hostname).
@@ -42,7 +42,7 @@ pub struct ConfigFile {
 }
 
 /// `capture:` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CaptureFile {
     /// Listen for training processes (default true).
@@ -84,7 +84,7 @@ impl Default for CaptureConfig {
 }
 
 /// `controller:` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControllerFile {
     /// Base URL of the controller (`http://warden-controller:9460`); without it the
@@ -112,7 +112,7 @@ pub struct ControllerFile {
 }
 
 /// `nvml:` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NvmlFile {
     /// Collect GPU telemetry (default true).
@@ -128,7 +128,7 @@ pub struct NvmlFile {
 }
 
 /// `kmsg:` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KmsgFile {
     /// Watch the kernel log (default true).
@@ -142,7 +142,7 @@ pub struct KmsgFile {
 }
 
 /// `log_window:` section.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogWindowFile {
     /// Bytes of recent log lines kept for the local API.
@@ -388,7 +388,57 @@ pub fn hostname() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+fn millis(d: Duration) -> Option<u64> {
+    Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 impl AgentConfig {
+    /// The effective configuration written as a configuration file, every setting given
+    /// (what `--check-config` prints).
+    pub fn effective_file(&self) -> ConfigFile {
+        let s = &self.ship;
+        ConfigFile {
+            node_name: Some(self.node_name.clone()),
+            listen: Some(self.listen.to_string()),
+            controller: Some(ControllerFile {
+                url: s.url.clone(),
+                token_file: s.token_file.clone(),
+                ca_file: s.ca_file.clone(),
+                flush_interval_ms: millis(s.flush_interval),
+                heartbeat_interval_ms: millis(s.heartbeat_interval),
+                request_timeout_ms: millis(s.request_timeout),
+                buffer_max_bytes: Some(s.buffer_max_bytes as u64),
+                backoff_initial_ms: millis(s.backoff_initial),
+                backoff_max_ms: millis(s.backoff_max),
+                max_log_lines_per_sec: Some(s.max_log_lines_per_sec),
+            }),
+            nvml: Some(NvmlFile {
+                enabled: Some(self.nvml.enabled),
+                library: self.nvml.library.clone(),
+                interval_ms: millis(self.nvml.interval),
+                temperature_warn_c: Some(self.nvml.temperature_warn_c),
+                dcgm_compat: Some(self.nvml.dcgm_compat),
+            }),
+            kmsg: Some(KmsgFile {
+                enabled: Some(self.kmsg.enabled),
+                path: Some(self.kmsg.path.clone()),
+                boot_id_path: Some(self.kmsg.boot_id_path.clone()),
+                max_distinct_events: Some(self.kmsg.max_distinct_events),
+            }),
+            logs: Some(self.logs.clone()),
+            log_window: Some(LogWindowFile {
+                max_bytes: Some(self.log_window_bytes as u64),
+            }),
+            capture: Some(CaptureFile {
+                enabled: Some(self.capture.enabled),
+                socket: Some(self.capture.socket.clone()),
+                proc_root: Some(self.capture.proc_root.clone()),
+                shm_dir: Some(self.capture.shm_dir.clone()),
+            }),
+            server: Some(self.server.into()),
+        }
+    }
+
     /// The effective configuration: defaults, then the file (when given), then the
     /// environment (`env` looks a variable up; pass `|k| std::env::var(k).ok()`), then
     /// the flags. `fallback_node_name` is used when nothing names the node (the

@@ -1,7 +1,8 @@
 //! Prometheus metrics for NVML readings: Warden's `warden_gpu_*` series and, when
-//! asked, the `DCGM_FI_DEV_*` names of NVIDIA's dcgm-exporter so that existing
-//! dashboards work unchanged. A reading NVML does not give has no series; a GPU that
-//! disappears has all its series removed. `agent/METRICS-gpu.md` lists every metric.
+//! asked, the `DCGM_FI_DEV_*` names of NVIDIA's dcgm-exporter, for dashboards built
+//! on them (docs/METRICS.md says which panels of Grafana 12239 have data). A reading
+//! NVML does not give has no series; a GPU that disappears has all its series removed.
+//! docs/METRICS.md lists every metric.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -642,14 +643,7 @@ mod tests {
     #[test]
     fn a_gpu_that_disappears_loses_its_series() {
         let reg = Registry::new();
-        let m = GpuMetrics::new(
-            &reg,
-            GpuMetricsOptions {
-                dcgm_compat: true,
-                hostname: "node1".to_owned(),
-            },
-        )
-        .expect("metrics");
+        let m = dcgm_metrics(&reg);
         m.observe(&[reading(3), reading(4)]);
         assert!(text(&reg).contains(r#"uuid="GPU-4""#));
         m.observe(&[reading(3)]);
@@ -659,17 +653,53 @@ mod tests {
         assert!(t.contains(r#"uuid="GPU-3""#));
     }
 
-    #[test]
-    fn dcgm_names_units_and_labels() {
-        let reg = Registry::new();
-        let m = GpuMetrics::new(
-            &reg,
+    /// Metrics with dcgm-exporter names on, for host `node1`.
+    fn dcgm_metrics(reg: &Registry) -> GpuMetrics {
+        GpuMetrics::new(
+            reg,
             GpuMetricsOptions {
                 dcgm_compat: true,
                 hostname: "node1".to_owned(),
             },
         )
-        .expect("metrics");
+        .expect("metrics")
+    }
+
+    /// Grafana dashboard 12239's metrics (dashboards/reference/) are all exported with
+    /// dcgm-exporter names on, but for the ones docs/METRICS.md lists as empty.
+    #[test]
+    fn grafana_12239_has_every_metric_but_the_profiling_one() {
+        const EMPTY: [&str; 1] = ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"];
+        let reg = Registry::new();
+        let m = dcgm_metrics(&reg);
+        let mut r = reading(0);
+        r.power_w = Some(650.0);
+        m.observe(&[r]);
+        let t = text(&reg);
+        let wanted = include_str!("../../dashboards/reference/dcgm-12239-metrics.txt");
+        let names: Vec<&str> = wanted
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        assert!(names.len() >= 5, "{wanted}");
+        for name in names {
+            let has = t.lines().any(|l| l.starts_with(&format!("{name}{{")));
+            assert_eq!(has, !EMPTY.contains(&name), "{name}:\n{t}");
+        }
+        let doc = include_str!("../../docs/METRICS.md");
+        for name in EMPTY {
+            assert!(
+                doc.contains(name),
+                "docs/METRICS.md does not say {name} is empty"
+            );
+        }
+    }
+
+    #[test]
+    fn dcgm_names_units_and_labels() {
+        let reg = Registry::new();
+        let m = dcgm_metrics(&reg);
         m.observe(&[reading(3)]);
         let labels = r#"{Hostname="node1",UUID="GPU-3",device="nvidia3",gpu="3",modelName="NVIDIA H100 80GB HBM3",pci_bus_id="0000:1b:00"}"#;
         let t = text(&reg);

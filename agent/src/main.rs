@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use warden_agent::config::{AgentConfig, Overrides, hostname};
 use warden_agent::{privilege, runtime};
-use warden_config::{logfmt, outln};
+use warden_config::{logfmt, out, outln};
 
 /// Exit code for configuration errors (EX_USAGE in sysexits.h).
 const EXIT_CONFIG: u8 = 64;
@@ -96,8 +96,17 @@ fn main() -> ExitCode {
         }
     };
     if args.check_config {
-        outln!("{config:#?}");
-        outln!("# given: {provenance}");
+        let yaml = match serde_saphyr::to_string(&config.effective_file()) {
+            Ok(y) => y,
+            Err(e) => {
+                eprintln!("warden-agent: cannot write the effective configuration: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        outln!("# The effective configuration: a file with these values configures the same");
+        outln!("# agent. `# from` names the file, environment variable or flag that set a");
+        outln!("# value; `# default` marks a value nothing set.");
+        out!("{}", warden_config::annotated_yaml(&yaml, &provenance));
         return ExitCode::SUCCESS;
     }
     // Names and origins only: values can be secrets.

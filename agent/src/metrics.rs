@@ -83,6 +83,12 @@ fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
 impl AgentMetrics {
     /// Register every agent metric in `r`.
     pub fn register(r: &Registry) -> prometheus::Result<AgentMetrics> {
+        // `process_*`: CPU seconds, resident and virtual memory, open and most file
+        // descriptors, start time, as every Prometheus client library exports them.
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         let records_dropped = counter_vec(
             r,
             "warden_agent_records_dropped_total",

@@ -123,9 +123,83 @@ fn fake_gpus_are_exported_and_shipped() {
         Some(1.0),
         "{m}"
     );
+    // The process metrics every Prometheus client exports (CPU time in whole seconds,
+    // still 0 here).
+    assert!(metric(&m, "process_cpu_seconds_total").is_some(), "{m}");
+    for name in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            metric(&m, name).is_some_and(|v| v > 0.0),
+            "{name} missing or zero in: {m}"
+        );
+    }
     let health = http_get(agent_port, "/healthz").expect("healthz");
     assert!(health.contains("\"collectors_down\":[]"), "{health}");
     assert!(agent.alive());
+}
+
+#[test]
+fn check_config_prints_a_file_that_configures_the_same_agent_and_names_each_source() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("agent.yaml");
+    std::fs::write(
+        &cfg,
+        "node_name: gpu-node-4\ncontroller:\n  flush_interval_ms: 700\n\
+         logs:\n  sources:\n    - paths: [\"/x/*.log\"]\n      format: cri\n",
+    )
+    .expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_warden-agent"))
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--listen", "127.0.0.1:9999", "--check-config"])
+        .env("WARDEN_CONTROLLER_URL", "http://c.example:9460")
+        .env_remove("NODE_NAME")
+        .output()
+        .expect("run the agent");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = cfg.display().to_string();
+    for line in [
+        format!("node_name: gpu-node-4  # from {file}"),
+        "listen: 127.0.0.1:9999  # from flag --listen".to_owned(),
+        "  url: http://c.example:9460  # from environment WARDEN_CONTROLLER_URL".to_owned(),
+        format!("  flush_interval_ms: 700  # from {file}"),
+        "  heartbeat_interval_ms: 5000  # default".to_owned(),
+        format!("  sources:  # from {file}"),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in:\n{text}"
+        );
+    }
+    assert!(!text.contains("Duration"), "no Rust debug output: {text}");
+
+    // The printed file, read with nothing else, is the same configuration.
+    let printed = dir.path().join("printed.yaml");
+    std::fs::write(&printed, text.as_bytes()).expect("write");
+    let none = warden_agent::config::Overrides::default();
+    let again = warden_agent::config::AgentConfig::load(Some(&printed), |_| None, &none, None)
+        .expect("the printed file loads");
+    let flags = warden_agent::config::Overrides {
+        listen: Some("127.0.0.1:9999".to_owned()),
+        ..Default::default()
+    };
+    let first = warden_agent::config::AgentConfig::load(
+        Some(&cfg),
+        |k| (k == "WARDEN_CONTROLLER_URL").then(|| "http://c.example:9460".to_owned()),
+        &flags,
+        None,
+    )
+    .expect("the original loads");
+    assert_eq!(format!("{again:?}"), format!("{first:?}"));
 }
 
 #[test]

@@ -78,7 +78,15 @@ impl Node {
         let dir = tempfile::tempdir().expect("tempdir");
         chmod(dir.path(), 0o755);
         let bin = dir.path().join("warden-agent");
-        std::fs::copy(env!("CARGO_BIN_EXE_warden-agent"), &bin).expect("copy the agent");
+        // Copied by `cp`, not in this process: a file this process held open for
+        // writing can be inherited by a child the other test forks at that moment, and
+        // executing it then fails with ETXTBSY ("Text file busy").
+        let cp = Command::new("cp")
+            .arg(env!("CARGO_BIN_EXE_warden-agent"))
+            .arg(&bin)
+            .status()
+            .expect("run cp");
+        assert!(cp.success(), "copy the agent: {cp}");
         chmod(&bin, 0o755);
         if let Some(caps) = caps {
             let out = Command::new("setcap")

@@ -597,6 +597,8 @@ struct Dashboard {
     file: String,
     targets: Vec<Target>,
     variables: Vec<Variable>,
+    /// Text box, constant and custom variables, at their defaults.
+    fixed: BTreeMap<String, String>,
 }
 
 fn dashboards() -> Vec<Dashboard> {
@@ -637,10 +639,26 @@ fn dashboards() -> Vec<Dashboard> {
                         .map(str::to_owned),
                 })
                 .collect();
+            let fixed = d["templating"]["list"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|v| matches!(v["type"].as_str(), Some("textbox" | "constant" | "custom")))
+                .map(|v| {
+                    let name = v["name"].as_str().expect("variable name").to_owned();
+                    let value = v["current"]["value"]
+                        .as_str()
+                        .or_else(|| v["query"].as_str())
+                        .unwrap_or_else(|| panic!("{file}: variable {name} has no default"))
+                        .to_owned();
+                    (name, value)
+                })
+                .collect();
             Dashboard {
                 file,
                 targets,
                 variables,
+                fixed,
             }
         })
         .collect()
@@ -686,7 +704,7 @@ fn substitute(text: &str, values: &BTreeMap<String, String>, w: Window) -> Strin
 /// order (a variable's query may use the ones before it). A variable with "All" takes
 /// "All" (the regex of every value, or its `allValue`), as Grafana selects it first.
 fn assignments(prom: &Prom, d: &Dashboard, w: Window) -> Vec<BTreeMap<String, String>> {
-    let mut out = vec![BTreeMap::new()];
+    let mut out = vec![d.fixed.clone()];
     for v in &d.variables {
         let mut next = Vec::new();
         for a in &out {

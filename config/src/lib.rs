@@ -17,5 +17,5 @@ mod loader;
 pub mod logfmt;
 pub mod stdout;
 
-pub use loader::{Loaded, Loader, Provenance, whole};
+pub use loader::{Loaded, Loader, Provenance, annotated_yaml, whole};
 pub use warden_model::config::{ConfigError, ConfigErrors};

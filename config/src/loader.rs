@@ -58,6 +58,77 @@ impl fmt::Display for Provenance {
     }
 }
 
+/// The dotted path of every value under `path` in `value` (a map is entered, a list
+/// or a scalar is one value; an empty map is `path` itself).
+fn leaves(path: &str, value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                leaves(&format!("{path}.{k}"), v, out);
+            }
+        }
+        _ => out.push(path.to_owned()),
+    }
+}
+
+/// A YAML document of the effective settings (block style, as `serde-saphyr` writes
+/// it) with `# from ORIGIN` after each value a layer gave, and every other value marked
+/// `# default`. The values inside a list that a layer gave are not marked one by one.
+pub fn annotated_yaml(yaml: &str, provenance: &Provenance) -> String {
+    let mut out = String::with_capacity(yaml.len() * 2);
+    // (indent, key, its lines below are not marked: a list, or a value given whole)
+    let mut stack: Vec<(usize, String, bool)> = Vec::new();
+    let lines: Vec<&str> = yaml.lines().collect();
+    let indent_of = |l: &str| l.len() - l.trim_start().len();
+    for (i, line) in lines.iter().enumerate() {
+        let indent = indent_of(line);
+        let rest = line.trim_start();
+        let item = rest.starts_with('-');
+        // A list's items may sit at their key's own indent.
+        while stack
+            .last()
+            .is_some_and(|(d, ..)| *d > indent || (*d == indent && !item))
+        {
+            stack.pop();
+        }
+        if item && let Some(top) = stack.last_mut() {
+            top.2 = true;
+        }
+        let key = rest.split_once(':').map(|(k, _)| k).filter(|k| {
+            !item && !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        });
+        let (Some(key), false) = (key, stack.last().is_some_and(|(.., w)| *w)) else {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        };
+        let path = stack
+            .iter()
+            .map(|(_, k, _)| k.as_str())
+            .chain([key])
+            .collect::<Vec<_>>()
+            .join(".");
+        let origin = provenance.origin(&path);
+        let has_children = rest.trim_end().ends_with(':')
+            && lines.get(i + 1).is_some_and(|next| {
+                let d = indent_of(next);
+                d > indent || (d == indent && next.trim_start().starts_with('-'))
+            });
+        out.push_str(line);
+        match origin {
+            Some(o) => {
+                out.push_str("  # from ");
+                out.push_str(o);
+            }
+            None if !has_children => out.push_str("  # default"),
+            None => {}
+        }
+        out.push('\n');
+        stack.push((indent, key.to_owned(), origin.is_some()));
+    }
+    out
+}
+
 /// A configuration put together, with where each setting came from.
 #[derive(Debug, Clone)]
 pub struct Loaded<T> {
@@ -175,14 +246,19 @@ impl<'e> Loader<'e> {
 
     /// The file's top-level section `key` as `T`, taken out of the file (so
     /// [`Loader::unknown_keys`] does not name it); `None` when absent or ill-typed (then
-    /// a mistake naming `key.path.of.the.value` is recorded). The section's origin is
-    /// recorded under `key`.
+    /// a mistake naming `key.path.of.the.value` is recorded). The origin is recorded
+    /// for each value the section sets (`controller.url`; a list as a whole:
+    /// `logs.sources`), or under `key` for a scalar or an empty section.
     pub fn section<T: DeserializeOwned>(&mut self, key: &str) -> Option<T> {
         let value = self.doc.remove(key)?;
+        let mut given = Vec::new();
+        leaves(key, &value, &mut given);
         match serde_path_to_error::deserialize::<_, T>(value) {
             Ok(v) => {
                 let origin = self.origin.clone();
-                self.provenance.set(key, &origin);
+                for field in given {
+                    self.provenance.set(&field, &origin);
+                }
                 Some(v)
             }
             Err(e) => {
@@ -374,6 +450,45 @@ mod tests {
         assert_eq!(
             loaded.provenance.to_string(),
             "port from environment WARDEN_PORT, x from flag --x"
+        );
+    }
+
+    #[test]
+    fn a_section_records_each_value_it_sets_and_a_list_as_a_whole() {
+        let text = "c:\n  interval_ms: 5\nl:\n  - 1\n  - 2\ne: {}\n";
+        let mut l = Loader::from_text(text, "w.yaml", env(&[]));
+        let _: Option<Section> = l.section("c");
+        let _: Option<Vec<u64>> = l.section("l");
+        let _: Option<Section> = l.section("e");
+        let p = l.finish(|| Some(())).expect("fine").provenance;
+        assert_eq!(p.origin("c.interval_ms"), Some("w.yaml"));
+        assert_eq!(p.origin("c.url"), None);
+        assert_eq!(p.origin("l"), Some("w.yaml"));
+        assert_eq!(p.origin("e"), Some("w.yaml"));
+    }
+
+    #[test]
+    fn annotated_yaml_names_each_given_value_and_marks_the_rest_default() {
+        let mut p = Provenance::default();
+        p.set("listen", "flag --listen");
+        p.set("controller.url", "a.yaml");
+        p.set("logs.sources", "a.yaml");
+        let yaml = "listen: 127.0.0.1:1\ncontroller:\n  url: http://c:9460\n  flush_interval_ms: 1000\n\
+                    logs:\n  sources:\n  - paths:\n    - /x/*.log\n    format: cri\n  presets: []\n\
+                    nvml:\n  enabled: true\n";
+        let got = annotated_yaml(yaml, &p);
+        let want = "listen: 127.0.0.1:1  # from flag --listen\ncontroller:\n\
+                    \x20 url: http://c:9460  # from a.yaml\n\
+                    \x20 flush_interval_ms: 1000  # default\nlogs:\n\
+                    \x20 sources:  # from a.yaml\n  - paths:\n    - /x/*.log\n    format: cri\n\
+                    \x20 presets: []  # default\nnvml:\n  enabled: true  # default\n";
+        assert_eq!(got, want, "{got}");
+        // Indented list items are the key's too.
+        p.set("l", "b.yaml");
+        let got = annotated_yaml("l:\n    - a: 1\n      b: 2\nm: 3\n", &p);
+        assert_eq!(
+            got,
+            "l:  # from b.yaml\n    - a: 1\n      b: 2\nm: 3  # default\n"
         );
     }
 

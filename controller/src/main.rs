@@ -239,6 +239,10 @@ fn main() -> ExitCode {
 }
 
 async fn open_store(location: &StoreLocation) -> anyhow::Result<Store> {
+    let created = match location {
+        StoreLocation::Dir(dir) => !dir.join("warden.db").exists(),
+        StoreLocation::Url(_) => false,
+    };
     let store = match location {
         StoreLocation::Dir(dir) => Store::open_dir(dir).await,
         StoreLocation::Url(url) => Store::open(url).await,
@@ -248,7 +252,17 @@ async fn open_store(location: &StoreLocation) -> anyhow::Result<Store> {
         StoreLocation::Dir(dir) => dir.join("warden.db").display().to_string(),
         StoreLocation::Url(_) => "the database URL".to_owned(),
     };
-    tracing::info!(backend = store.backend().as_str(), at = %where_, "incident store open");
+    if created {
+        // Said at warning level: a controller started without a data directory in mind
+        // should not leave a database somewhere unnoticed.
+        tracing::warn!(
+            backend = store.backend().as_str(),
+            at = %where_,
+            "created a new incident store; --data-dir, WARDEN_DATA_DIR, data_dir in the config file or --database-url put it elsewhere"
+        );
+    } else {
+        tracing::info!(backend = store.backend().as_str(), at = %where_, "incident store open");
+    }
     Ok(store)
 }
 

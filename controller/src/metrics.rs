@@ -335,6 +335,12 @@ impl Metrics {
     /// Create and register every metric; `version` is the build's version label.
     pub fn new(version: &str) -> Result<Self, MetricsError> {
         let r = Registry::new();
+        // `process_*`: CPU seconds, resident and virtual memory, open and most file
+        // descriptors, start time, as every Prometheus client library exports them.
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         let build = IntGaugeVec::new(
             Opts::new(
                 "warden_controller_build_info",
@@ -820,6 +826,16 @@ mod tests {
             assert_eq!(value(&text, &series), Some(0.0), "{series} missing");
         }
         assert_eq!(value(&text, "warden_agents"), Some(0.0));
+        for name in [
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                value(&text, name).is_some_and(|v| v > 0.0),
+                "{name} missing:\n{text}"
+            );
+        }
     }
 
     #[test]

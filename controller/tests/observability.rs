@@ -185,6 +185,7 @@ const GRAFANA_VARS: &[(&str, &str)] = &[
     ("$job", "job-0"),
     ("$node", "node-0:9461"),
     ("$gpu", "0"),
+    ("$agent_job", "warden-agent"),
 ];
 
 fn substitute(expr: &str) -> String {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Default time a client has to send a whole request head.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -105,7 +105,7 @@ pub fn open_file_limit() -> Option<u64> {
 }
 
 /// The `server` section of a configuration file, as written: every field optional.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerConfig {
     /// Seconds a client has for a request head: from connecting (TLS handshake
@@ -117,6 +117,18 @@ pub struct ServerConfig {
     pub max_connections: Option<u64>,
     /// Most connections from one IP address (default: half of `max_connections`).
     pub max_connections_per_peer: Option<u64>,
+}
+
+impl From<Limits> for ServerConfig {
+    /// Limits in force, written as a configuration section (every field given).
+    fn from(l: Limits) -> Self {
+        ServerConfig {
+            header_timeout_secs: Some(l.header_timeout.as_secs()),
+            idle_timeout_secs: Some(l.idle_timeout.as_secs()),
+            max_connections: Some(l.max_connections as u64),
+            max_connections_per_peer: Some(l.max_connections_per_peer as u64),
+        }
+    }
 }
 
 impl ServerConfig {
