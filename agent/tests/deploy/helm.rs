@@ -28,6 +28,8 @@ use serde_json::{Map as Mapping, Number, Value};
 pub struct Chart {
     defines: BTreeMap<String, Vec<Node>>,
     templates: Vec<(String, Vec<Node>)>,
+    /// `NOTES.txt`: rendered for the user after an install, never applied.
+    notes: Option<Vec<Node>>,
 }
 
 #[derive(Debug, Clone)]
@@ -401,10 +403,11 @@ fn scalar_text(v: &V, what: &str) -> Result<String, String> {
 }
 
 impl Chart {
-    /// Parse every `*.yaml` and `_*.tpl` under `dir/templates`.
+    /// Parse every `*.yaml`, `_*.tpl` and `NOTES.txt` under `dir/templates`.
     pub fn load(dir: &Path) -> Result<Chart, String> {
         let mut defines = BTreeMap::new();
         let mut templates = Vec::new();
+        let mut notes = None;
         let tdir = dir.join("templates");
         let mut entries: Vec<_> = std::fs::read_dir(&tdir)
             .map_err(|e| format!("{}: {e}", tdir.display()))?
@@ -429,11 +432,17 @@ impl Chart {
                 }
             } else if name.ends_with(".yaml") {
                 templates.push((name, nodes));
+            } else if name == "NOTES.txt" {
+                notes = Some(nodes);
             } else {
                 return Err(format!("{name}: not a template this renderer knows"));
             }
         }
-        Ok(Chart { defines, templates })
+        Ok(Chart {
+            defines,
+            templates,
+            notes,
+        })
     }
 
     /// Parse one template given as text (for tests of the renderer itself).
@@ -444,6 +453,34 @@ impl Chart {
         Ok(Chart {
             defines,
             templates: vec![("t.yaml".into(), nodes)],
+            notes: None,
+        })
+    }
+
+    /// The root object templates see: `.Values` and `.Release`.
+    fn root(values: &Value, release: &str, namespace: &str) -> Value {
+        let mut root = Mapping::new();
+        root.insert("Values".into(), values.clone());
+        let mut rel = Mapping::new();
+        rel.insert("Name".into(), release.into());
+        rel.insert("Namespace".into(), namespace.into());
+        root.insert("Release".into(), Value::Object(rel));
+        Value::Object(root)
+    }
+
+    /// `NOTES.txt` rendered as Helm shows it after an install; `None` without one.
+    pub fn notes(
+        &self,
+        values: &Value,
+        release: &str,
+        namespace: &str,
+    ) -> Option<Result<String, String>> {
+        let root = Self::root(values, release, namespace);
+        self.notes.as_ref().map(|nodes| {
+            let mut out = String::new();
+            self.nodes(nodes, &root, &root, &mut out, 0)
+                .map_err(|e| format!("NOTES.txt: {e}"))?;
+            Ok(out)
         })
     }
 
@@ -454,13 +491,7 @@ impl Chart {
         release: &str,
         namespace: &str,
     ) -> Result<Vec<(String, String)>, String> {
-        let mut root = Mapping::new();
-        root.insert("Values".into(), values.clone());
-        let mut rel = Mapping::new();
-        rel.insert("Name".into(), release.into());
-        rel.insert("Namespace".into(), namespace.into());
-        root.insert("Release".into(), Value::Object(rel));
-        let root = Value::Object(root);
+        let root = Self::root(values, release, namespace);
         self.templates
             .iter()
             .map(|(name, nodes)| {

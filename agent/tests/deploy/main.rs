@@ -1,7 +1,8 @@
 //! Checks of everything under deploy/: the Kubernetes manifests and the Helm chart are
 //! strictly valid objects (k8s-openapi round trip, and the PyPI `kubernetes-validate`
 //! schemas), agree with each other, grant exactly the least privilege Warden needs, and
-//! carry configuration the binaries' own loaders accept; the Slurm units are hardened
+//! carry configuration the binaries' own loaders accept; the chart's values schema and
+//! NOTES.txt say what they should; the Slurm units are hardened
 //! and the prolog/epilog hooks report jobs without ever failing one.
 //!
 //! It lives in the agent crate because this is the one crate that already sees both
@@ -342,6 +343,91 @@ fn chart_options_render_valid_objects() {
         Some("warden")
     );
 
+    // What users add to pods: a pull secret, annotations, placement, environment and
+    // volumes, on both workloads.
+    let mut v = chart_values();
+    v["imagePullSecrets"] = serde_json::json!([{"name": "regcred"}]);
+    for who in ["agent", "controller"] {
+        v[who]["podAnnotations"] = serde_json::json!({"example.com/team": "ml-infra"});
+        v[who]["affinity"] = serde_json::json!({"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+        ]}}});
+        v[who]["extraEnv"] = serde_json::json!([{"name": "EXTRA", "value": who}]);
+        v[who]["extraVolumes"] =
+            serde_json::json!([{"name": "ca", "configMap": {"name": "corp-ca"}}]);
+        v[who]["extraVolumeMounts"] =
+            serde_json::json!([{"name": "ca", "mountPath": "/etc/corp-ca", "readOnly": true}]);
+    }
+    v["controller"]["nodeSelector"] = serde_json::json!({"node-role/infra": "true"});
+    v["controller"]["tolerations"] =
+        serde_json::json!([{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}]);
+    let rendered = render(&v);
+    let raw: Vec<Obj> = rendered
+        .iter()
+        .flat_map(|(n, t)| yaml_objects(t, n))
+        .collect();
+    let objs = typed(raw.clone());
+    for (who, kind, name) in [
+        ("agent", "DaemonSet", "warden-agent"),
+        ("controller", "Deployment", "warden-controller"),
+    ] {
+        let (pod, c) = container(&objs, kind, name);
+        let secrets: Vec<&str> = pod
+            .image_pull_secrets
+            .iter()
+            .flatten()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(secrets, ["regcred"], "{who}");
+        assert!(
+            pod.affinity
+                .as_ref()
+                .is_some_and(|a| a.node_affinity.is_some()),
+            "{who}"
+        );
+        assert_eq!(pod_env(c).get("EXTRA").map(String::as_str), Some(who));
+        assert!(
+            pod.volumes.iter().flatten().any(|v| v.name == "ca"),
+            "{who}: the extra volume"
+        );
+        assert!(
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == "ca" && m.mount_path == "/etc/corp-ca"),
+            "{who}: the extra mount"
+        );
+        let obj = raw
+            .iter()
+            .find(|o| o.kind() == kind && o.name() == name)
+            .expect("the workload");
+        assert_eq!(
+            obj.value["spec"]["template"]["metadata"]["annotations"]["example.com/team"],
+            "ml-infra",
+            "{who}"
+        );
+    }
+    let (pod, _) = container(&objs, "Deployment", "warden-controller");
+    assert_eq!(
+        pod.node_selector
+            .as_ref()
+            .and_then(|n| n.get("node-role/infra"))
+            .map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(pod.tolerations.as_ref().map(Vec::len), Some(1));
+    // The defaults add none of these.
+    for (o, t) in &typed(chart()) {
+        if let Some(pod) = t.pod_spec() {
+            assert!(
+                pod.image_pull_secrets.is_none() && pod.affinity.is_none(),
+                "{}",
+                o.id()
+            );
+        }
+    }
+
     let mut v = chart_values();
     v["serviceMonitor"]["enabled"] = false.into();
     v["alerts"]["prometheusRule"]["enabled"] = false.into();
@@ -356,6 +442,26 @@ fn chart_options_render_valid_objects() {
             .all(|(o, _)| !matches!(o.kind(), "ServiceMonitor" | "PrometheusRule")),
         "without the Prometheus Operator the chart needs none of its CRDs"
     );
+}
+
+#[test]
+fn chart_notes_name_the_secrets_to_make_and_the_way_to_the_api() {
+    let chart = helm::Chart::load(&chart_dir()).unwrap_or_else(|e| panic!("chart: {e}"));
+    let mut v = chart_values();
+    v["controller"]["port"] = 9999.into();
+    let notes = chart
+        .notes(&v, "prod", "ml")
+        .expect("the chart has NOTES.txt")
+        .unwrap_or_else(|e| panic!("{e}"));
+    for needle in [
+        "warden-api-tokens",
+        "warden-agent-token",
+        "kubectl -n ml port-forward svc/prod-controller 9999",
+        "warden incidents --server http://127.0.0.1:9999",
+        "dry_run",
+    ] {
+        assert!(notes.contains(needle), "{needle} not in:\n{notes}");
+    }
 }
 
 /// The alert rule file: rules/prometheus/warden-alerts.yaml, parsed.
@@ -1573,4 +1679,166 @@ fn every_chart_value_is_documented_and_used() {
         }
     }
     assert!(problems.is_empty(), "values.yaml:\n{}", problems.join("\n"));
+}
+
+/// Every key of `v` (objects entered), as dotted paths.
+fn value_paths(v: &Value, at: &str, out: &mut BTreeSet<String>) {
+    if let Value::Object(m) = v {
+        for (k, x) in m {
+            let p = if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            };
+            value_paths(x, &p, out);
+            out.insert(p);
+        }
+    }
+}
+
+/// Every property the schema names, as dotted paths (`properties` entered).
+fn schema_paths(s: &Value, at: &str, out: &mut BTreeSet<String>) {
+    if let Some(Value::Object(props)) = s.get("properties") {
+        for (k, x) in props {
+            let p = if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            };
+            schema_paths(x, &p, out);
+            out.insert(p);
+        }
+    }
+}
+
+/// values.schema.json, the schema Helm checks values against on install, upgrade and
+/// lint, checked here by Python's `jsonschema` (installed with kubernetes-validate): it
+/// is a valid Draft 7 schema, the defaults pass, mistakes a user makes are refused, and
+/// it names exactly the keys of values.yaml.
+#[test]
+fn values_schema_accepts_the_defaults_and_refuses_mistakes() {
+    let python = venv().join("bin/python");
+    if !python.exists() {
+        let msg = format!("{} is missing: run scripts/test", python.display());
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{msg}");
+        eprintln!("NOT CHECKED: {msg}");
+        return;
+    }
+    let schema_path = chart_dir().join("values.schema.json");
+    let schema: Value = serde_json::from_str(&read(&schema_path)).expect("the schema is JSON");
+    let (mut want, mut have) = (BTreeSet::new(), BTreeSet::new());
+    // Free-form maps and lists (labels, annotations, affinity, resources) are values, not
+    // keys the schema lists.
+    let free = |p: &String| {
+        [
+            "nodeSelector.",
+            "Labels.",
+            "labels.",
+            "podAnnotations.",
+            "affinity.",
+            "resources.",
+        ]
+        .iter()
+        .any(|f| p.contains(f))
+    };
+    value_paths(&chart_values(), "", &mut want);
+    schema_paths(&schema, "", &mut have);
+    want.retain(|p| !free(p));
+    have.retain(|p| !free(p));
+    assert_eq!(
+        want.symmetric_difference(&have).collect::<Vec<_>>(),
+        Vec::<&String>::new(),
+        "keys of values.yaml and properties of values.schema.json"
+    );
+
+    let check = |values: &Value| -> Result<(), String> {
+        let script = "import json, sys\n\
+                      import jsonschema\n\
+                      schema = json.load(open(sys.argv[1]))\n\
+                      jsonschema.Draft7Validator.check_schema(schema)\n\
+                      errors = sorted(e.message for e in jsonschema.Draft7Validator(schema).iter_errors(json.load(sys.stdin)))\n\
+                      print('\\n'.join(errors))\n\
+                      sys.exit(1 if errors else 0)\n";
+        let mut child = std::process::Command::new(&python)
+            .arg("-c")
+            .arg(script)
+            .arg(&schema_path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python runs");
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().expect("stdin");
+            stdin
+                .write_all(values.to_string().as_bytes())
+                .expect("values to python");
+        }
+        let out = child.wait_with_output().expect("python ends");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        match out.status.code() {
+            Some(0) => Ok(()),
+            Some(1) if !text.contains("Traceback") => Err(text),
+            _ => panic!("the schema check did not run: {text}"),
+        }
+    };
+    check(&chart_values()).unwrap_or_else(|e| panic!("the defaults are refused: {e}"));
+    for (what, path, bad, says) in [
+        (
+            "a port as text",
+            "/agent/port",
+            serde_json::json!("9461x"),
+            "is not of type 'integer'",
+        ),
+        (
+            "a port out of range",
+            "/controller/port",
+            70000.into(),
+            "is greater than the maximum",
+        ),
+        (
+            "an unknown pull policy",
+            "/agent/image/pullPolicy",
+            "Sometimes".into(),
+            "is not one of",
+        ),
+        (
+            "an empty selector",
+            "/alerts/agentSelector",
+            "".into(),
+            "''",
+        ),
+        (
+            "a pull secret without a name",
+            "/imagePullSecrets",
+            serde_json::json!([{"nam": "x"}]),
+            "unexpected",
+        ),
+        (
+            "a misspelt key",
+            "/controller/extraEnvs",
+            serde_json::json!([]),
+            "unexpected",
+        ),
+        (
+            "a label that is not text",
+            "/serviceMonitor/labels",
+            serde_json::json!({"release": 1}),
+            "is not of type 'string'",
+        ),
+    ] {
+        let mut v = chart_values();
+        let (parent, key) = path.rsplit_once('/').expect("a path");
+        v.pointer_mut(if parent.is_empty() { "" } else { parent })
+            .and_then(Value::as_object_mut)
+            .expect("the parent object")
+            .insert(key.to_owned(), bad);
+        let err = check(&v).expect_err(what);
+        assert!(err.contains(says), "{what}: {err}");
+    }
 }
