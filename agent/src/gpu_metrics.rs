@@ -9,7 +9,7 @@ use std::sync::{Mutex, PoisonError};
 use prometheus::{Gauge, GaugeVec, Opts, Registry};
 use warden_model::wire::{NodeEvent, NodeEventKind};
 
-use crate::nvml::{GpuReading, throttle};
+use crate::nvml::{GpuReading, Profiling, throttle};
 
 /// Labels on every per-GPU `warden_gpu_*` series.
 const GPU_LABELS: [&str; 3] = ["gpu", "uuid", "pci_bus_id"];
@@ -106,8 +106,103 @@ fn new_vec(
     Ok(vec)
 }
 
+/// One GPM reading of [`Profiling`].
+type Pick = fn(&Profiling) -> Option<f64>;
+
+/// The GPM readings: Warden's name and help, dcgm-exporter's name and help, the reading.
+fn profiling_table() -> [(&'static str, &'static str, &'static str, &'static str, Pick); 12] {
+    [
+        (
+            "warden_gpu_graphics_active_ratio",
+            "Fraction of the interval the graphics or compute engine was busy (GPM).",
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "Ratio of time the graphics engine is active.",
+            |p| p.graphics_active,
+        ),
+        (
+            "warden_gpu_sm_active_ratio",
+            "Fraction of the interval SMs had at least one warp resident (GPM).",
+            "DCGM_FI_PROF_SM_ACTIVE",
+            "The ratio of cycles an SM has at least 1 warp assigned.",
+            |p| p.sm_active,
+        ),
+        (
+            "warden_gpu_sm_occupancy_ratio",
+            "Warps resident on the SMs over the most they hold (GPM).",
+            "DCGM_FI_PROF_SM_OCCUPANCY",
+            "The ratio of number of warps resident on an SM.",
+            |p| p.sm_occupancy,
+        ),
+        (
+            "warden_gpu_tensor_active_ratio",
+            "Fraction of the interval any tensor pipe was busy (GPM).",
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            "Ratio of cycles the tensor (HMMA) pipe is active.",
+            |p| p.tensor_active,
+        ),
+        (
+            "warden_gpu_dram_active_ratio",
+            "Fraction of the interval the device memory interface was busy (GPM).",
+            "DCGM_FI_PROF_DRAM_ACTIVE",
+            "Ratio of cycles the device memory interface is active sending or receiving data.",
+            |p| p.dram_active,
+        ),
+        (
+            "warden_gpu_fp64_active_ratio",
+            "Fraction of the interval the FP64 pipe was busy (GPM).",
+            "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+            "Ratio of cycles the fp64 pipes are active.",
+            |p| p.fp64_active,
+        ),
+        (
+            "warden_gpu_fp32_active_ratio",
+            "Fraction of the interval the FP32 pipe was busy (GPM).",
+            "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+            "Ratio of cycles the fp32 pipes are active.",
+            |p| p.fp32_active,
+        ),
+        (
+            "warden_gpu_fp16_active_ratio",
+            "Fraction of the interval the FP16 pipe was busy (GPM).",
+            "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+            "Ratio of cycles the fp16 pipes are active.",
+            |p| p.fp16_active,
+        ),
+        (
+            "warden_gpu_pcie_tx_bytes_per_second",
+            "PCIe bytes per second the GPU sent over the interval (GPM).",
+            "DCGM_FI_PROF_PCIE_TX_BYTES",
+            "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+            |p| p.pcie_tx_bytes_per_s,
+        ),
+        (
+            "warden_gpu_pcie_rx_bytes_per_second",
+            "PCIe bytes per second the GPU received over the interval (GPM).",
+            "DCGM_FI_PROF_PCIE_RX_BYTES",
+            "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
+            |p| p.pcie_rx_bytes_per_s,
+        ),
+        (
+            "warden_gpu_nvlink_tx_bytes_per_second",
+            "NVLink bytes per second the GPU sent over the interval, all links (GPM).",
+            "DCGM_FI_PROF_NVLINK_TX_BYTES",
+            "The rate of data transmitted over NVLink, not including protocol headers, in bytes per second.",
+            |p| p.nvlink_tx_bytes_per_s,
+        ),
+        (
+            "warden_gpu_nvlink_rx_bytes_per_second",
+            "NVLink bytes per second the GPU received over the interval, all links (GPM).",
+            "DCGM_FI_PROF_NVLINK_RX_BYTES",
+            "The rate of data received over NVLink, not including protocol headers, in bytes per second.",
+            |p| p.nvlink_rx_bytes_per_s,
+        ),
+    ]
+}
+
 #[derive(Debug)]
 struct WardenSeries {
+    /// GPM readings, by [`profiling_table`].
+    profiling: Vec<(GaugeVec, Pick)>,
     info: GaugeVec,
     utilization: GaugeVec,
     memory_utilization: GaugeVec,
@@ -138,7 +233,12 @@ impl WardenSeries {
             let labels: Vec<&str> = GPU_LABELS.iter().chain(extra).copied().collect();
             new_vec(r, name, help, &labels)
         };
+        let profiling = profiling_table()
+            .into_iter()
+            .map(|(name, help, _, _, pick)| Ok((g(name, help)?, pick)))
+            .collect::<Result<_, prometheus::Error>>()?;
         Ok(WardenSeries {
+            profiling,
             info: with(
                 "warden_gpu_info",
                 "GPU present, with its product name (always 1).",
@@ -313,12 +413,17 @@ impl WardenSeries {
             &l.with("recovery"),
             count(links.recovery),
         );
+        for (vec, pick) in &self.profiling {
+            put(vec, &b, r.and_then(|r| pick(&r.profiling)));
+        }
     }
 }
 
 #[derive(Debug)]
 struct DcgmSeries {
     hostname: String,
+    /// `DCGM_FI_PROF_*`, by [`profiling_table`].
+    profiling: Vec<(GaugeVec, Pick)>,
     gpu_util: GaugeVec,
     fb_used: GaugeVec,
     fb_free: GaugeVec,
@@ -340,8 +445,13 @@ struct DcgmSeries {
 impl DcgmSeries {
     fn new(r: &Registry, hostname: String) -> Result<Self, prometheus::Error> {
         let g = |name, help| new_vec(r, name, help, &DCGM_LABELS);
+        let profiling = profiling_table()
+            .into_iter()
+            .map(|(_, _, name, help, pick)| Ok((g(name, help)?, pick)))
+            .collect::<Result<_, prometheus::Error>>()?;
         Ok(DcgmSeries {
             hostname,
+            profiling,
             gpu_util: g("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")?,
             fb_used: g("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")?,
             fb_free: g("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")?,
@@ -450,6 +560,9 @@ impl DcgmSeries {
         );
         put(&self.pcie_replay, &d, get(|r| count(r.pcie_replays)));
         put(&self.nvlink_crc_flit, &d, get(|r| count(r.nvlink.crc_flit)));
+        for (vec, pick) in &self.profiling {
+            put(vec, &d, r.and_then(|r| pick(&r.profiling)));
+        }
         // dcgm-exporter shows 0 until the first XID.
         if r.is_none() {
             put(&self.xid_errors, &d, None);
@@ -666,16 +779,10 @@ mod tests {
     }
 
     /// Grafana dashboard 12239's metrics (dashboards/reference/) are all exported with
-    /// dcgm-exporter names on, but for the ones docs/METRICS.md lists as empty.
+    /// dcgm-exporter names on, for a GPU with GPM; without GPM, all but the profiling
+    /// (`DCGM_FI_PROF_*`) ones, which docs/METRICS.md names.
     #[test]
-    fn grafana_12239_has_every_metric_but_the_profiling_one() {
-        const EMPTY: [&str; 1] = ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"];
-        let reg = Registry::new();
-        let m = dcgm_metrics(&reg);
-        let mut r = reading(0);
-        r.power_w = Some(650.0);
-        m.observe(&[r]);
-        let t = text(&reg);
+    fn grafana_12239_has_every_metric_and_the_profiling_ones_with_gpm() {
         let wanted = include_str!("../../dashboards/reference/dcgm-12239-metrics.txt");
         let names: Vec<&str> = wanted
             .lines()
@@ -683,17 +790,53 @@ mod tests {
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
             .collect();
         assert!(names.len() >= 5, "{wanted}");
-        for name in names {
-            let has = t.lines().any(|l| l.starts_with(&format!("{name}{{")));
-            assert_eq!(has, !EMPTY.contains(&name), "{name}:\n{t}");
-        }
         let doc = include_str!("../../docs/METRICS.md");
-        for name in EMPTY {
-            assert!(
-                doc.contains(name),
-                "docs/METRICS.md does not say {name} is empty"
-            );
+        for gpm in [false, true] {
+            let reg = Registry::new();
+            let m = dcgm_metrics(&reg);
+            let mut r = reading(0);
+            r.power_w = Some(650.0);
+            if gpm {
+                r.profiling.tensor_active = Some(0.42);
+            }
+            m.observe(&[r]);
+            let t = text(&reg);
+            for name in &names {
+                let has = t.lines().any(|l| l.starts_with(&format!("{name}{{")));
+                let profiling = name.starts_with("DCGM_FI_PROF_");
+                assert_eq!(has, gpm || !profiling, "GPM {gpm}, {name}:\n{t}");
+                if profiling {
+                    assert!(doc.contains(name), "docs/METRICS.md does not name {name}");
+                }
+            }
         }
+    }
+
+    #[test]
+    fn gpm_readings_are_ratios_and_bytes_under_both_names_and_absent_without_gpm() {
+        let reg = Registry::new();
+        let m = dcgm_metrics(&reg);
+        let mut r = reading(3);
+        r.profiling.sm_active = Some(0.5);
+        r.profiling.pcie_tx_bytes_per_s = Some(2.0 * MIB);
+        m.observe(&[r, reading(4)]);
+        let t = text(&reg);
+        let labels = r#"{Hostname="node1",UUID="GPU-3",device="nvidia3",gpu="3",modelName="NVIDIA H100 80GB HBM3",pci_bus_id="0000:1b:00"}"#;
+        assert_eq!(
+            value(&t, &format!("DCGM_FI_PROF_SM_ACTIVE{labels}")),
+            Some(0.5)
+        );
+        assert_eq!(
+            value(&t, &format!("DCGM_FI_PROF_PCIE_TX_BYTES{labels}")),
+            Some(2.0 * MIB)
+        );
+        assert_eq!(gpu3(&t, "warden_gpu_sm_active_ratio", &[]), Some(0.5));
+        assert_eq!(gpu3(&t, "warden_gpu_tensor_active_ratio", &[]), None);
+        assert!(
+            !t.lines()
+                .any(|l| l.contains("_ACTIVE{") && l.contains(r#"gpu="4""#)),
+            "GPU 4 has no GPM: {t}"
+        );
     }
 
     #[test]

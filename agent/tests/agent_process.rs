@@ -55,6 +55,11 @@ fn fake_gpus_are_exported_and_shipped() {
     let node = fake_nvml::FakeNode::new(&[]);
     node.set("gpu.*.temp", 51);
     node.set("gpu.5.temp", 66);
+    // GPM support is asked once per GPU, as it cannot change while the driver runs.
+    node.set("gpu.2.gpm", 1);
+    node.set("gpu.2.gpm_tensor_util", 42);
+    node.set("gpu.2.gpm_sm_util", 80);
+    node.set("gpu.2.gpm_pcie_tx", 3);
     let dir = tempfile::tempdir().expect("tempdir");
     let (agent_port, controller_port) = (free_port(), free_port());
     let sink = Sink::start(controller_port);
@@ -82,6 +87,33 @@ fn fake_gpus_are_exported_and_shipped() {
         m.contains("DCGM_FI_DEV_GPU_TEMP{"),
         "dcgm-exporter names exported"
     );
+
+    // GPM on GPU 2 (a Hopper GPU's profiling metrics): from its second sample on, its
+    // DCGM_FI_PROF_* and warden_gpu_*_active series are there; GPU 5 has none.
+    let series = |m: &str, name: &str, gpu: &str| {
+        m.lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("gpu=\"{gpu}\"")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let m = agent.wait_metrics("GPM readings of GPU 2", |m| {
+        series(m, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "2").is_some()
+    });
+    assert_eq!(
+        series(&m, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "2"),
+        Some(0.42),
+        "{m}"
+    );
+    assert_eq!(
+        series(&m, "warden_gpu_sm_active_ratio", "2"),
+        Some(0.8),
+        "{m}"
+    );
+    assert_eq!(
+        series(&m, "warden_gpu_pcie_tx_bytes_per_second", "2"),
+        Some(3.0 * 1_048_576.0),
+        "{m}"
+    );
+    assert_eq!(series(&m, "DCGM_FI_PROF_SM_ACTIVE", "5"), None, "{m}");
 
     // Faults: an XID through the event set, an uncorrected ECC jump, a hot GPU.
     node.set("event.1", "gpu:3,xid:79");

@@ -107,6 +107,38 @@ pub struct NvlinkErrors {
     pub recovery: Option<u64>,
 }
 
+/// Profiling readings from NVML's GPU Performance Monitoring (GPM: Hopper and newer),
+/// each over the interval since the previous sample; the counterparts of DCGM's
+/// `DCGM_FI_PROF_*` fields. Activities are ratios from 0 to 1, as DCGM reports them
+/// (GPM gives percentages).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Profiling {
+    /// Graphics or compute engine busy (`DCGM_FI_PROF_GR_ENGINE_ACTIVE`).
+    pub graphics_active: Option<f64>,
+    /// SMs with at least one warp resident (`DCGM_FI_PROF_SM_ACTIVE`).
+    pub sm_active: Option<f64>,
+    /// Warps resident over the most the SMs hold (`DCGM_FI_PROF_SM_OCCUPANCY`).
+    pub sm_occupancy: Option<f64>,
+    /// Any tensor pipe busy (`DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`).
+    pub tensor_active: Option<f64>,
+    /// Device memory interface busy (`DCGM_FI_PROF_DRAM_ACTIVE`).
+    pub dram_active: Option<f64>,
+    /// FP64 pipe busy (`DCGM_FI_PROF_PIPE_FP64_ACTIVE`).
+    pub fp64_active: Option<f64>,
+    /// FP32 pipe busy (`DCGM_FI_PROF_PIPE_FP32_ACTIVE`).
+    pub fp32_active: Option<f64>,
+    /// FP16 pipe busy (`DCGM_FI_PROF_PIPE_FP16_ACTIVE`).
+    pub fp16_active: Option<f64>,
+    /// PCIe bytes per second sent by the GPU (`DCGM_FI_PROF_PCIE_TX_BYTES`).
+    pub pcie_tx_bytes_per_s: Option<f64>,
+    /// PCIe bytes per second received (`DCGM_FI_PROF_PCIE_RX_BYTES`).
+    pub pcie_rx_bytes_per_s: Option<f64>,
+    /// NVLink bytes per second sent, all links (`DCGM_FI_PROF_NVLINK_TX_BYTES`).
+    pub nvlink_tx_bytes_per_s: Option<f64>,
+    /// NVLink bytes per second received, all links (`DCGM_FI_PROF_NVLINK_RX_BYTES`).
+    pub nvlink_rx_bytes_per_s: Option<f64>,
+}
+
 /// One sample of one GPU. Every reading is `None` where NVML does not support it, the
 /// driver lacks its entry point, or the call failed.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -155,6 +187,8 @@ pub struct GpuReading {
     pub pcie_link_width: Option<u32>,
     /// NVLink error counters.
     pub nvlink: NvlinkErrors,
+    /// GPM profiling readings (none before a GPU's second sample, or without GPM).
+    pub profiling: Profiling,
 }
 
 impl GpuReading {

@@ -14,16 +14,18 @@ use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, EccCounter, MemoryError, TemperatureSensor};
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::{Bits, NvmlError};
+use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use nvml_wrapper::struct_wrappers::event::EventData;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::sys_exports::field_id;
 use nvml_wrapper::{EventSet, Nvml};
-use rustc_hash::FxHashSet;
+use rustc_hash::{FxHashMap, FxHashSet};
 use tracing::{debug, info, warn};
 use warden_model::wire::{EventSeverity, NodeEvent, NodeEventKind};
 
-use super::{GpuIdentity, GpuReading, GpuSource, GpuSourceError, gpu_event, xid_event};
+use super::{GpuIdentity, GpuReading, GpuSource, GpuSourceError, Profiling, gpu_event, xid_event};
 use crate::pci;
 
 /// The library loaded when no path is given (found through the dynamic loader's
@@ -301,6 +303,7 @@ fn run_worker(
     };
     let mut worker = Worker {
         nvml: &nvml,
+        gpm: FxHashMap::default(),
         watches_events: set.is_some(),
         set,
         gpus,
@@ -584,8 +587,97 @@ fn throttle_bits(r: Result<ThrottleReasons, NvmlError>) -> Result<u64, NvmlError
     }
 }
 
+/// The GPM metrics read, in [`Profiling`]'s order.
+const GPM_METRICS: [GpmMetricId; 12] = [
+    GpmMetricId::GraphicsUtil,
+    GpmMetricId::SmUtil,
+    GpmMetricId::SmOccupancy,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+    GpmMetricId::Fp64Util,
+    GpmMetricId::Fp32Util,
+    GpmMetricId::Fp16Util,
+    GpmMetricId::PcieTxPerSec,
+    GpmMetricId::PcieRxPerSec,
+    GpmMetricId::NvlinkTotalTxPerSec,
+    GpmMetricId::NvlinkTotalRxPerSec,
+];
+
+/// GPM's percentages (0–100) and MiB per second as DCGM's ratios and bytes per second.
+fn profiling(values: [Option<f64>; 12]) -> Profiling {
+    let ratio = |v: Option<f64>| v.map(|p| (p / 100.0).clamp(0.0, 1.0));
+    let bytes = |v: Option<f64>| v.map(|mib| (mib * 1_048_576.0).max(0.0));
+    let [
+        gr,
+        sm,
+        occ,
+        tensor,
+        dram,
+        fp64,
+        fp32,
+        fp16,
+        ptx,
+        prx,
+        ntx,
+        nrx,
+    ] = values;
+    Profiling {
+        graphics_active: ratio(gr),
+        sm_active: ratio(sm),
+        sm_occupancy: ratio(occ),
+        tensor_active: ratio(tensor),
+        dram_active: ratio(dram),
+        fp64_active: ratio(fp64),
+        fp32_active: ratio(fp32),
+        fp16_active: ratio(fp16),
+        pcie_tx_bytes_per_s: bytes(ptx),
+        pcie_rx_bytes_per_s: bytes(prx),
+        nvlink_tx_bytes_per_s: bytes(ntx),
+        nvlink_rx_bytes_per_s: bytes(nrx),
+    }
+}
+
+/// A GPU's GPM state: whether it has GPM (asked once), and its last sample.
+type GpmState<'n> = (bool, Option<GpmSample<'n>>);
+
+/// GPM readings of `dev` over the interval since its previous sample, which this call
+/// replaces; nothing for a GPU without GPM (asked once: a driver without GPM lacks the
+/// entry point, a GPU before Hopper says no) or on its first call.
+fn profile<'n>(
+    nvml: &'n Nvml,
+    gpm: &mut FxHashMap<u32, GpmState<'n>>,
+    dev: &nvml_wrapper::Device<'n>,
+    q: &mut Query<'_>,
+) -> Profiling {
+    let (supported, last) = gpm
+        .entry(q.gpu)
+        .or_insert_with(|| (dev.gpm_support().unwrap_or(false), None));
+    if !*supported {
+        return Profiling::default();
+    }
+    let Some(now) = q.get("gpm_sample", dev.gpm_sample()) else {
+        *last = None;
+        return Profiling::default();
+    };
+    let (Some(before), Some(now)) = (last.replace(now), last.as_ref()) else {
+        return Profiling::default();
+    };
+    let mut values = [None; GPM_METRICS.len()];
+    if let Some(results) = q.get(
+        "gpm_metrics",
+        gpm_metrics_get(nvml, &before, now, &GPM_METRICS),
+    ) {
+        for (slot, r) in values.iter_mut().zip(results) {
+            *slot = r.ok().map(|m| m.value).filter(|v| v.is_finite());
+        }
+    }
+    profiling(values)
+}
+
 struct Worker<'n> {
     nvml: &'n Nvml,
+    /// Each GPU's GPM state.
+    gpm: FxHashMap<u32, GpmState<'n>>,
     gpus: Vec<GpuIdentity>,
     set: Option<EventSet<'n>>,
     watches_events: bool,
@@ -687,6 +779,7 @@ impl Worker<'_> {
         r.nvlink.crc_data = data;
         r.nvlink.replay = replay;
         r.nvlink.recovery = recovery;
+        r.profiling = profile(nvml, &mut self.gpm, &dev, &mut q);
 
         if q.lost {
             self.unreachable(g, true, at_ns);

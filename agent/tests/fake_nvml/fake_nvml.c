@@ -33,7 +33,11 @@
  * remap_cor, remap_unc, remap_pending, remap_failure, pcie_replay, link_gen,
  * link_width, nvlink_crc_flit, nvlink_crc_data, nvlink_replay, nvlink_recovery,
  * events (supported event-type mask), lost (1: every call on the GPU returns
- * NVML_ERROR_GPU_IS_LOST).
+ * NVML_ERROR_GPU_IS_LOST), gpm (1: the GPU has GPU Performance Monitoring, as Hopper
+ * and newer do; default 0), and the GPM metrics a pair of samples gives, as of the
+ * later sample: gpm_graphics_util, gpm_sm_util, gpm_sm_occupancy, gpm_tensor_util,
+ * gpm_dram_util, gpm_fp64_util, gpm_fp32_util, gpm_fp16_util (percent), gpm_pcie_tx,
+ * gpm_pcie_rx, gpm_nvlink_tx, gpm_nvlink_rx (MiB per second).
  *
  * Build: cc -shared -fPIC -o libnvidia-ml.so.1 fake_nvml.c -lpthread
  * Compile with -DOMIT_<symbol> (e.g. -DOMIT_nvmlDeviceGetPowerUsage) to leave an
@@ -172,6 +176,9 @@ enum field {
     F_PCIE_REPLAY, F_LINK_GEN, F_LINK_WIDTH,
     F_NVLINK_CRC_FLIT, F_NVLINK_CRC_DATA, F_NVLINK_REPLAY, F_NVLINK_RECOVERY,
     F_EVENTS, F_LOST,
+    F_GPM, F_GPM_GR, F_GPM_SM, F_GPM_OCC, F_GPM_TENSOR, F_GPM_DRAM,
+    F_GPM_FP64, F_GPM_FP32, F_GPM_FP16, F_GPM_PCIE_TX, F_GPM_PCIE_RX,
+    F_GPM_NVLINK_TX, F_GPM_NVLINK_RX,
     NUM_FIELDS
 };
 
@@ -184,6 +191,9 @@ static const char *const FIELD_NAMES[NUM_FIELDS] = {
     "pcie_replay", "link_gen", "link_width",
     "nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay", "nvlink_recovery",
     "events", "lost",
+    "gpm", "gpm_graphics_util", "gpm_sm_util", "gpm_sm_occupancy", "gpm_tensor_util",
+    "gpm_dram_util", "gpm_fp64_util", "gpm_fp32_util", "gpm_fp16_util", "gpm_pcie_tx",
+    "gpm_pcie_rx", "gpm_nvlink_tx", "gpm_nvlink_rx",
 };
 
 struct value {
@@ -856,4 +866,129 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
          * fake costs about as little CPU while a caller waits. */
         sleep_ms(left > 250000 ? 250 : (unsigned int)((left + 999) / 1000));
     }
+}
+
+/* ---- GPU Performance Monitoring (nvmlGpm*) --------------------------------- */
+
+typedef struct fake_gpm_sample *nvmlGpmSample_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int isSupportedDevice;
+} nvmlGpmSupport_t;
+
+typedef struct {
+    unsigned int metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct {
+        char *shortName;
+        char *longName;
+        char *unit;
+    } metricInfo;
+} nvmlGpmMetric_t;
+
+/* The caller's array may be longer; NVML touches only the first numMetrics. */
+#define FAKE_GPM_METRICS 210
+
+typedef struct {
+    unsigned int version;
+    unsigned int numMetrics;
+    nvmlGpmSample_t sample1;
+    nvmlGpmSample_t sample2;
+    nvmlGpmMetric_t metrics[FAKE_GPM_METRICS];
+} nvmlGpmMetricsGet_t;
+
+enum { GPM_VERSION = 1 };
+
+/* NVML's metric ids, their state fields and names. */
+static const struct {
+    unsigned int id;
+    int field;
+    const char *name;
+    const char *unit;
+} GPM_METRICS[] = {
+    {1, F_GPM_GR, "GR_UTIL", "%"},
+    {2, F_GPM_SM, "SM_UTIL", "%"},
+    {3, F_GPM_OCC, "SM_OCCUP", "%"},
+    {5, F_GPM_TENSOR, "TENSOR_UTIL", "%"},
+    {10, F_GPM_DRAM, "DRAM_BW_UTIL", "%"},
+    {11, F_GPM_FP64, "FP64_UTIL", "%"},
+    {12, F_GPM_FP32, "FP32_UTIL", "%"},
+    {13, F_GPM_FP16, "FP16_UTIL", "%"},
+    {20, F_GPM_PCIE_TX, "PCIE_TX", "MiB/sec"},
+    {21, F_GPM_PCIE_RX, "PCIE_RX", "MiB/sec"},
+    {60, F_GPM_NVLINK_RX, "NVLINK_RX", "MiB/sec"},
+    {61, F_GPM_NVLINK_TX, "NVLINK_TX", "MiB/sec"},
+};
+#define N_GPM (sizeof GPM_METRICS / sizeof GPM_METRICS[0])
+
+struct fake_gpm_sample {
+    int taken;
+    unsigned int gpu;
+    long long at_us;
+    struct value v[N_GPM];
+};
+
+#ifndef OMIT_nvmlGpmQueryDeviceSupport
+EXPORT nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *support) {
+    struct gpu *g;
+    nvmlReturn_t rc = begin(device, &g, NULL);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!support) return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (support->version != GPM_VERSION) return end(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (g->f[F_GPM].rc != NVML_SUCCESS) return end(g->f[F_GPM].rc);
+    support->isSupportedDevice = g->f[F_GPM].v != 0;
+    return end(NVML_SUCCESS);
+}
+#endif
+
+EXPORT nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *sample) {
+    if (!sample) return NVML_ERROR_INVALID_ARGUMENT;
+    *sample = calloc(1, sizeof **sample);
+    return *sample ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t sample) {
+    if (!sample) return NVML_ERROR_INVALID_ARGUMENT;
+    free(sample);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t sample) {
+    struct gpu *g;
+    unsigned int index;
+    nvmlReturn_t rc = begin(device, &g, &index);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!sample) return end(NVML_ERROR_INVALID_ARGUMENT);
+    if (g->f[F_GPM].rc != NVML_SUCCESS || !g->f[F_GPM].v) return end(NVML_ERROR_NOT_SUPPORTED);
+    for (unsigned int m = 0; m < N_GPM; m++) sample->v[m] = g->f[GPM_METRICS[m].field];
+    sample->gpu = index;
+    sample->at_us = now_us();
+    sample->taken = 1;
+    return end(NVML_SUCCESS);
+}
+
+EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *req) {
+    if (!req) return NVML_ERROR_INVALID_ARGUMENT;
+    if (req->version != GPM_VERSION) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    const struct fake_gpm_sample *a = req->sample1, *b = req->sample2;
+    /* Two samples of one GPU, the second taken later. */
+    if (!a || !b || !a->taken || !b->taken || a->gpu != b->gpu || b->at_us <= a->at_us ||
+        req->numMetrics > FAKE_GPM_METRICS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < req->numMetrics; i++) {
+        nvmlGpmMetric_t *out = &req->metrics[i];
+        out->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        out->value = 0;
+        for (unsigned int m = 0; m < N_GPM; m++) {
+            if (GPM_METRICS[m].id != out->metricId) continue;
+            out->nvmlReturn = b->v[m].rc;
+            out->value = (double)b->v[m].v;
+            out->metricInfo.shortName = (char *)GPM_METRICS[m].name;
+            out->metricInfo.longName = (char *)GPM_METRICS[m].name;
+            out->metricInfo.unit = (char *)GPM_METRICS[m].unit;
+        }
+    }
+    return NVML_SUCCESS;
 }
