@@ -1681,33 +1681,22 @@ fn every_chart_value_is_documented_and_used() {
     assert!(problems.is_empty(), "values.yaml:\n{}", problems.join("\n"));
 }
 
-/// Every key of `v` (objects entered), as dotted paths.
-fn value_paths(v: &Value, at: &str, out: &mut BTreeSet<String>) {
-    if let Value::Object(m) = v {
-        for (k, x) in m {
-            let p = if at.is_empty() {
-                k.clone()
-            } else {
-                format!("{at}.{k}")
-            };
-            value_paths(x, &p, out);
-            out.insert(p);
-        }
-    }
-}
-
-/// Every property the schema names, as dotted paths (`properties` entered).
-fn schema_paths(s: &Value, at: &str, out: &mut BTreeSet<String>) {
-    if let Some(Value::Object(props)) = s.get("properties") {
-        for (k, x) in props {
-            let p = if at.is_empty() {
-                k.clone()
-            } else {
-                format!("{at}.{k}")
-            };
-            schema_paths(x, &p, out);
-            out.insert(p);
-        }
+/// The dotted path of every key under `v`, where `children` gives a node's keyed
+/// children (a values map itself, a schema's `properties`).
+fn key_paths(
+    v: &Value,
+    at: &str,
+    children: fn(&Value) -> Option<&serde_json::Map<String, Value>>,
+    out: &mut BTreeSet<String>,
+) {
+    for (k, x) in children(v).into_iter().flatten() {
+        let p = if at.is_empty() {
+            k.clone()
+        } else {
+            format!("{at}.{k}")
+        };
+        key_paths(x, &p, children, out);
+        out.insert(p);
     }
 }
 
@@ -1741,8 +1730,13 @@ fn values_schema_accepts_the_defaults_and_refuses_mistakes() {
         .iter()
         .any(|f| p.contains(f))
     };
-    value_paths(&chart_values(), "", &mut want);
-    schema_paths(&schema, "", &mut have);
+    key_paths(&chart_values(), "", Value::as_object, &mut want);
+    key_paths(
+        &schema,
+        "",
+        |s| s.get("properties").and_then(Value::as_object),
+        &mut have,
+    );
     want.retain(|p| !free(p));
     have.retain(|p| !free(p));
     assert_eq!(
