@@ -445,6 +445,72 @@ fn chart_options_render_valid_objects() {
 }
 
 #[test]
+fn chart_names_follow_fullname_override_and_service_accounts_can_be_brought() {
+    let mut v = chart_values();
+    v["fullnameOverride"] = "ml-warden".into();
+    v["controller"]["serviceAccount"] = serde_json::json!({
+        "create": false, "name": "platform-sa", "annotations": {}
+    });
+    v["agent"]["serviceAccount"]["annotations"] = serde_json::json!({"example.com/owner": "infra"});
+    let raw: Vec<Obj> = render(&v)
+        .iter()
+        .flat_map(|(n, t)| yaml_objects(t, n))
+        .collect();
+    let objs = typed(raw.clone());
+    for o in &raw {
+        let name = o.name();
+        assert!(
+            name.starts_with("ml-warden-") || name == "platform-sa",
+            "{}: not named after fullnameOverride",
+            o.id()
+        );
+        assert_eq!(
+            o.value["metadata"]["labels"]["app.kubernetes.io/instance"],
+            RELEASE,
+            "{}: the instance label stays the release",
+            o.id()
+        );
+    }
+    let accounts: Vec<&str> = raw
+        .iter()
+        .filter(|o| o.kind() == "ServiceAccount")
+        .map(Obj::name)
+        .collect();
+    assert_eq!(accounts, ["ml-warden-agent"], "the controller's is brought");
+    let agent_sa = raw
+        .iter()
+        .find(|o| o.kind() == "ServiceAccount")
+        .expect("the agent's");
+    assert_eq!(
+        agent_sa.value["metadata"]["annotations"]["example.com/owner"],
+        "infra"
+    );
+    let (pod, _) = container(&objs, "Deployment", "ml-warden-controller");
+    assert_eq!(pod.service_account_name.as_deref(), Some("platform-sa"));
+    let (pod, c) = container(&objs, "DaemonSet", "ml-warden-agent");
+    assert_eq!(pod.service_account_name.as_deref(), Some("ml-warden-agent"));
+    assert_eq!(
+        pod_env(c).get("WARDEN_CONTROLLER_URL").map(String::as_str),
+        Some("http://ml-warden-controller:9460")
+    );
+    for o in raw.iter().filter(|o| o.kind().ends_with("Binding")) {
+        assert_eq!(
+            o.value["subjects"][0]["name"],
+            "platform-sa",
+            "{}: binds the brought account",
+            o.id()
+        );
+        assert!(
+            o.value["roleRef"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("ml-warden-")),
+            "{}",
+            o.id()
+        );
+    }
+}
+
+#[test]
 fn chart_notes_name_the_secrets_to_make_and_the_way_to_the_api() {
     let chart = helm::Chart::load(&chart_dir()).unwrap_or_else(|e| panic!("chart: {e}"));
     let mut v = chart_values();

@@ -22,3 +22,23 @@ app.kubernetes.io/part-of: warden
 app.kubernetes.io/name: warden-controller
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
+
+{{- define "warden.fullname" -}}
+{{ .Values.fullnameOverride | default .Release.Name }}
+{{- end }}
+
+{{- define "warden.agent.serviceAccountName" -}}
+{{- if .Values.agent.serviceAccount.name }}
+{{- .Values.agent.serviceAccount.name }}
+{{- else }}
+{{- include "warden.fullname" . }}-agent
+{{- end }}
+{{- end }}
+
+{{- define "warden.controller.serviceAccountName" -}}
+{{- if .Values.controller.serviceAccount.name }}
+{{- .Values.controller.serviceAccount.name }}
+{{- else }}
+{{- include "warden.fullname" . }}-controller
+{{- end }}
+{{- end }}
