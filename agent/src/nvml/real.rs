@@ -587,54 +587,48 @@ fn throttle_bits(r: Result<ThrottleReasons, NvmlError>) -> Result<u64, NvmlError
     }
 }
 
-/// The GPM metrics read, in [`Profiling`]'s order.
-const GPM_METRICS: [GpmMetricId; 12] = [
-    GpmMetricId::GraphicsUtil,
-    GpmMetricId::SmUtil,
-    GpmMetricId::SmOccupancy,
-    GpmMetricId::AnyTensorUtil,
-    GpmMetricId::DramBwUtil,
-    GpmMetricId::Fp64Util,
-    GpmMetricId::Fp32Util,
-    GpmMetricId::Fp16Util,
-    GpmMetricId::PcieTxPerSec,
-    GpmMetricId::PcieRxPerSec,
-    GpmMetricId::NvlinkTotalTxPerSec,
-    GpmMetricId::NvlinkTotalRxPerSec,
-];
+/// One GPM metric read: its id, the factor and upper bound that turn GPM's unit into
+/// DCGM's (percent into a ratio up to 1, MiB/s into bytes/s), and its [`Profiling`] slot.
+type GpmField = (
+    GpmMetricId,
+    f64,
+    f64,
+    fn(&mut Profiling) -> &mut Option<f64>,
+);
 
-/// GPM's percentages (0–100) and MiB per second as DCGM's ratios and bytes per second.
-fn profiling(values: [Option<f64>; 12]) -> Profiling {
-    let ratio = |v: Option<f64>| v.map(|p| (p / 100.0).clamp(0.0, 1.0));
-    let bytes = |v: Option<f64>| v.map(|mib| (mib * 1_048_576.0).max(0.0));
-    let [
-        gr,
-        sm,
-        occ,
-        tensor,
-        dram,
-        fp64,
-        fp32,
-        fp16,
-        ptx,
-        prx,
-        ntx,
-        nrx,
-    ] = values;
-    Profiling {
-        graphics_active: ratio(gr),
-        sm_active: ratio(sm),
-        sm_occupancy: ratio(occ),
-        tensor_active: ratio(tensor),
-        dram_active: ratio(dram),
-        fp64_active: ratio(fp64),
-        fp32_active: ratio(fp32),
-        fp16_active: ratio(fp16),
-        pcie_tx_bytes_per_s: bytes(ptx),
-        pcie_rx_bytes_per_s: bytes(prx),
-        nvlink_tx_bytes_per_s: bytes(ntx),
-        nvlink_rx_bytes_per_s: bytes(nrx),
+/// Every GPM metric read.
+fn gpm_fields() -> [GpmField; 12] {
+    const RATIO: (f64, f64) = (0.01, 1.0);
+    const BYTES: (f64, f64) = (1_048_576.0, f64::INFINITY);
+    fn f(
+        id: GpmMetricId,
+        (scale, most): (f64, f64),
+        slot: fn(&mut Profiling) -> &mut Option<f64>,
+    ) -> GpmField {
+        (id, scale, most, slot)
     }
+    [
+        f(GpmMetricId::GraphicsUtil, RATIO, |p| &mut p.graphics_active),
+        f(GpmMetricId::SmUtil, RATIO, |p| &mut p.sm_active),
+        f(GpmMetricId::SmOccupancy, RATIO, |p| &mut p.sm_occupancy),
+        f(GpmMetricId::AnyTensorUtil, RATIO, |p| &mut p.tensor_active),
+        f(GpmMetricId::DramBwUtil, RATIO, |p| &mut p.dram_active),
+        f(GpmMetricId::Fp64Util, RATIO, |p| &mut p.fp64_active),
+        f(GpmMetricId::Fp32Util, RATIO, |p| &mut p.fp32_active),
+        f(GpmMetricId::Fp16Util, RATIO, |p| &mut p.fp16_active),
+        f(GpmMetricId::PcieTxPerSec, BYTES, |p| {
+            &mut p.pcie_tx_bytes_per_s
+        }),
+        f(GpmMetricId::PcieRxPerSec, BYTES, |p| {
+            &mut p.pcie_rx_bytes_per_s
+        }),
+        f(GpmMetricId::NvlinkTotalTxPerSec, BYTES, |p| {
+            &mut p.nvlink_tx_bytes_per_s
+        }),
+        f(GpmMetricId::NvlinkTotalRxPerSec, BYTES, |p| {
+            &mut p.nvlink_rx_bytes_per_s
+        }),
+    ]
 }
 
 /// A GPU's GPM state: whether it has GPM (asked once), and its last sample.
@@ -662,16 +656,19 @@ fn profile<'n>(
     let (Some(before), Some(now)) = (last.replace(now), last.as_ref()) else {
         return Profiling::default();
     };
-    let mut values = [None; GPM_METRICS.len()];
-    if let Some(results) = q.get(
-        "gpm_metrics",
-        gpm_metrics_get(nvml, &before, now, &GPM_METRICS),
-    ) {
-        for (slot, r) in values.iter_mut().zip(results) {
-            *slot = r.ok().map(|m| m.value).filter(|v| v.is_finite());
+    let fields = gpm_fields();
+    let ids = fields.map(|(id, ..)| id);
+    let mut out = Profiling::default();
+    if let Some(results) = q.get("gpm_metrics", gpm_metrics_get(nvml, &before, now, &ids)) {
+        for ((_, scale, most, slot), r) in fields.iter().zip(results) {
+            *slot(&mut out) = r
+                .ok()
+                .map(|m| m.value)
+                .filter(|v| v.is_finite())
+                .map(|v| (v * scale).clamp(0.0, *most));
         }
     }
-    profiling(values)
+    out
 }
 
 struct Worker<'n> {
