@@ -13,6 +13,7 @@ use warden_model::wire::{NodeEvent, NodeEventKind};
 use crate::config::AgentConfig;
 use crate::gpu_metrics::{GpuMetrics, GpuMetricsOptions};
 use crate::nvml::{self, ChangeConfig, ChangeDetector, GpuSource, NvmlSource};
+use crate::pod_resources::SharedGpuPods;
 use crate::runtime::Shared;
 use crate::ship::{self, wall_ns};
 
@@ -44,8 +45,14 @@ impl Default for EventIds {
     }
 }
 
-/// Start the NVML and log collectors that are enabled.
-pub fn start(cfg: &AgentConfig, shared: &Shared, registry: &Registry) -> Vec<JoinHandle<()>> {
+/// Start the NVML and log collectors that are enabled. With `pods`, the GPU metrics
+/// carry the pod labels of that assignment.
+pub fn start(
+    cfg: &AgentConfig,
+    shared: &Shared,
+    registry: &Registry,
+    pods: Option<SharedGpuPods>,
+) -> Vec<JoinHandle<()>> {
     let mut threads = Vec::new();
     if cfg.nvml.enabled {
         match GpuMetrics::new(
@@ -53,6 +60,7 @@ pub fn start(cfg: &AgentConfig, shared: &Shared, registry: &Registry) -> Vec<Joi
             GpuMetricsOptions {
                 dcgm_compat: cfg.nvml.dcgm_compat,
                 hostname: cfg.node_name.clone(),
+                pods,
             },
         ) {
             Ok(m) => {

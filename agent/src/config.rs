@@ -39,6 +39,50 @@ pub struct ConfigFile {
     pub capture: Option<CaptureFile>,
     /// Limits of the local API's HTTP server: timeouts and connection caps.
     pub server: Option<warden_http::server::ServerConfig>,
+    /// Pod, namespace and container labels on GPU metrics, from the kubelet.
+    pub pod_resources: Option<PodResourcesFile>,
+}
+
+/// `pod_resources:` section.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodResourcesFile {
+    /// Read the kubelet's pod-resources API when its socket exists (default true).
+    pub enabled: Option<bool>,
+    /// The kubelet's socket (default `/var/lib/kubelet/pod-resources/kubelet.sock`).
+    pub socket: Option<PathBuf>,
+    /// Interval between reads, milliseconds.
+    pub interval_ms: Option<u64>,
+    /// Device-plugin resources whose device ids are GPU UUIDs (default
+    /// `nvidia.com/gpu` and `nvidia.com/gpu.shared`).
+    pub resources: Option<Vec<String>>,
+}
+
+/// Effective pod-resources settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodResourcesConfig {
+    /// Read the kubelet's pod-resources API when its socket exists.
+    pub enabled: bool,
+    /// The kubelet's socket.
+    pub socket: PathBuf,
+    /// Interval between reads.
+    pub interval: Duration,
+    /// Device-plugin resources whose device ids are GPU UUIDs.
+    pub resources: Vec<String>,
+}
+
+impl Default for PodResourcesConfig {
+    fn default() -> Self {
+        PodResourcesConfig {
+            enabled: true,
+            socket: PathBuf::from(crate::pod_resources::DEFAULT_SOCKET),
+            interval: Duration::from_secs(10),
+            resources: crate::pod_resources::DEFAULT_RESOURCES
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+        }
+    }
 }
 
 /// `capture:` section.
@@ -274,6 +318,8 @@ pub struct AgentConfig {
     pub capture: CaptureConfig,
     /// Limits of the local API's HTTP server.
     pub server: warden_http::server::Limits,
+    /// Pod labels on GPU metrics.
+    pub pod_resources: PodResourcesConfig,
 }
 
 /// Default cap on connections to the agent's local API (Prometheus, the controller,
@@ -281,17 +327,18 @@ pub struct AgentConfig {
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 /// Bounds checked on the numeric settings: (field, least, most).
-const MS_BOUNDS: [(&str, u64, u64); 6] = [
+const MS_BOUNDS: [(&str, u64, u64); 7] = [
     ("controller.flush_interval_ms", 50, 60_000),
     ("controller.heartbeat_interval_ms", 100, 600_000),
     ("controller.request_timeout_ms", 100, 300_000),
     ("controller.backoff_initial_ms", 10, 600_000),
     ("controller.backoff_max_ms", 10, 3_600_000),
     ("nvml.interval_ms", 100, 3_600_000),
+    ("pod_resources.interval_ms", 1_000, 3_600_000),
 ];
 
 /// Every top-level key of the file.
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 10] = [
     "node_name",
     "listen",
     "controller",
@@ -301,6 +348,7 @@ const KEYS: [&str; 9] = [
     "log_window",
     "capture",
     "server",
+    "pod_resources",
 ];
 
 /// The bounds of a duration in milliseconds set in the file, as a duration.
@@ -373,6 +421,7 @@ impl ConfigFile {
             log_window: l.section("log_window"),
             capture: l.section("capture"),
             server: l.section("server"),
+            pod_resources: l.section("pod_resources"),
         };
         l.unknown_keys(&KEYS);
         file
@@ -436,6 +485,12 @@ impl AgentConfig {
                 shm_dir: Some(self.capture.shm_dir.clone()),
             }),
             server: Some(self.server.into()),
+            pod_resources: Some(PodResourcesFile {
+                enabled: Some(self.pod_resources.enabled),
+                socket: Some(self.pod_resources.socket.clone()),
+                interval_ms: millis(self.pod_resources.interval),
+                resources: Some(self.pod_resources.resources.clone()),
+            }),
         }
     }
 
@@ -659,6 +714,54 @@ impl AgentConfig {
             DEFAULT_MAX_CONNECTIONS,
         ));
 
+        let pf = parsed.pod_resources.clone().unwrap_or_default();
+        let mut pod_resources = PodResourcesConfig {
+            enabled: pf.enabled.unwrap_or(true),
+            ..PodResourcesConfig::default()
+        };
+        if let Some(p) = pf.socket {
+            if p.is_absolute() && p.as_os_str().len() < 108 {
+                pod_resources.socket = p;
+            } else {
+                l.push(
+                    fo,
+                    "pod_resources.socket",
+                    format!(
+                        "{} must be an absolute path shorter than 108 bytes (a Unix socket address)",
+                        p.display()
+                    ),
+                );
+            }
+        }
+        ms(
+            &mut l,
+            "pod_resources.interval_ms",
+            pf.interval_ms,
+            &mut pod_resources.interval,
+        );
+        if let Some(r) = pf.resources {
+            let bad = r.iter().find(|r| {
+                r.is_empty()
+                    || r.len() > 253
+                    || !r
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-._/".contains(c))
+            });
+            match bad {
+                Some(b) => l.push(
+                    fo,
+                    "pod_resources.resources",
+                    format!("{b:?} is not an extended resource name like nvidia.com/gpu"),
+                ),
+                None if r.len() > 64 => l.push(
+                    fo,
+                    "pod_resources.resources",
+                    format!("{} names; at most 64", r.len()),
+                ),
+                None => pod_resources.resources = r,
+            }
+        }
+
         l.finish(|| {
             Some(AgentConfig {
                 node_name: node_name?,
@@ -670,6 +773,7 @@ impl AgentConfig {
                 log_window_bytes,
                 capture,
                 server,
+                pod_resources,
             })
         })
     }
@@ -805,6 +909,40 @@ mod tests {
         let text = "controller:\n  backoff_initial_ms: 5000\n  backoff_max_ms: 1000\n";
         let errs = load(text, no_env).expect_err("fails");
         assert_eq!(errs.0[0].field, "controller.backoff_max_ms", "{errs}");
+    }
+
+    #[test]
+    fn pod_resources_default_to_the_kubelet_socket_and_check_every_setting() {
+        let cfg = load("node_name: n1\n", no_env).expect("ok");
+        assert_eq!(cfg.pod_resources, PodResourcesConfig::default());
+        assert_eq!(
+            cfg.pod_resources.socket,
+            Path::new("/var/lib/kubelet/pod-resources/kubelet.sock")
+        );
+        let cfg = load(
+            "pod_resources:\n  enabled: false\n  interval_ms: 2000\n  resources: [example.com/gpu]\n",
+            no_env,
+        )
+        .expect("ok");
+        assert!(!cfg.pod_resources.enabled);
+        assert_eq!(cfg.pod_resources.interval, Duration::from_secs(2));
+        assert_eq!(cfg.pod_resources.resources, ["example.com/gpu"]);
+        let errs = load(
+            "pod_resources:\n  socket: kubelet.sock\n  interval_ms: 10\n  resources: [\"a b\"]\n",
+            no_env,
+        )
+        .expect_err("three mistakes");
+        let mut fields: Vec<_> = errs.0.iter().map(|e| e.field.as_str()).collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            [
+                "pod_resources.interval_ms",
+                "pod_resources.resources",
+                "pod_resources.socket"
+            ],
+            "{errs}"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use prometheus::{Gauge, GaugeVec, Opts, Registry};
 use warden_model::wire::{NodeEvent, NodeEventKind};
 
 use crate::nvml::{GpuReading, Profiling, throttle};
+use crate::pod_resources::{GpuPods, PodRef, SharedGpuPods};
 
 /// Labels on every per-GPU `warden_gpu_*` series.
 const GPU_LABELS: [&str; 3] = ["gpu", "uuid", "pci_bus_id"];
@@ -26,13 +27,20 @@ const DCGM_LABELS: [&str; 6] = [
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// What [`GpuMetrics`] exports besides Warden's own series.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct GpuMetricsOptions {
     /// Also export dcgm-exporter's names (`DCGM_FI_DEV_*`) and labels.
     pub dcgm_compat: bool,
     /// The node's name, for dcgm-exporter's `Hostname` label.
     pub hostname: String,
+    /// The GPU → container assignment from the kubelet: with it, every series carries
+    /// `pod`, `namespace` and `container` labels.
+    pub pods: Option<SharedGpuPods>,
 }
+
+/// The labels of the container a GPU is assigned to, as dcgm-exporter names them; on
+/// every series when the kubelet's pod-resources API is read (empty when unassigned).
+const POD_LABELS: [&str; 3] = ["pod", "namespace", "container"];
 
 /// One GPU's label values.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,29 +49,57 @@ struct Labels {
     uuid: String,
     pci_bus_id: String,
     name: String,
+    /// The container it is assigned to; `None` when pod labels are off.
+    pod: Option<PodRef>,
 }
 
 impl Labels {
-    fn of(r: &GpuReading) -> Self {
+    fn of(r: &GpuReading, pods: Option<&GpuPods>) -> Self {
         Labels {
             gpu: r.index.to_string(),
             uuid: r.uuid.clone(),
             pci_bus_id: r.pci_bus_id.clone(),
             name: r.name.clone(),
+            pod: pods.map(|p| p.get(&r.uuid).cloned().unwrap_or_default()),
         }
     }
 
-    fn base(&self) -> [&str; 3] {
-        [&self.gpu, &self.uuid, &self.pci_bus_id]
+    /// The pod label values, in [`POD_LABELS`] order, when pod labels are on.
+    fn pod_values(&self) -> Vec<&str> {
+        self.pod
+            .as_ref()
+            .map(|p| vec![p.pod.as_str(), &p.namespace, &p.container])
+            .unwrap_or_default()
     }
 
-    fn with<'a>(&'a self, extra: &'a str) -> [&'a str; 4] {
-        [&self.gpu, &self.uuid, &self.pci_bus_id, extra]
+    fn base(&self) -> Vec<&str> {
+        let mut v = vec![self.gpu.as_str(), &self.uuid, &self.pci_bus_id];
+        v.extend(self.pod_values());
+        v
     }
 
-    fn with2<'a>(&'a self, a: &'a str, b: &'a str) -> [&'a str; 5] {
-        [&self.gpu, &self.uuid, &self.pci_bus_id, a, b]
+    fn with<'a>(&'a self, extra: &'a str) -> Vec<&'a str> {
+        let mut v = self.base();
+        v.push(extra);
+        v
     }
+
+    fn with2<'a>(&'a self, a: &'a str, b: &'a str) -> Vec<&'a str> {
+        let mut v = self.base();
+        v.extend([a, b]);
+        v
+    }
+}
+
+/// The label names of a vector: `first`, the pod labels when on, then `extra`.
+fn label_names<'a>(first: &[&'a str], pod: bool, extra: &[&'a str]) -> Vec<&'a str> {
+    let pod_labels: &[&str] = if pod { &POD_LABELS } else { &[] };
+    first
+        .iter()
+        .chain(pod_labels)
+        .chain(extra)
+        .copied()
+        .collect()
 }
 
 /// Set the series `labels` of `vec` to `v`, or remove it when `v` is `None`.
@@ -227,11 +263,10 @@ struct WardenSeries {
 }
 
 impl WardenSeries {
-    fn new(r: &Registry) -> Result<Self, prometheus::Error> {
-        let g = |name, help| new_vec(r, name, help, &GPU_LABELS);
+    fn new(r: &Registry, pod: bool) -> Result<Self, prometheus::Error> {
+        let g = |name, help| new_vec(r, name, help, &label_names(&GPU_LABELS, pod, &[]));
         let with = |name, help, extra: &[&str]| {
-            let labels: Vec<&str> = GPU_LABELS.iter().chain(extra).copied().collect();
-            new_vec(r, name, help, &labels)
+            new_vec(r, name, help, &label_names(&GPU_LABELS, pod, extra))
         };
         let profiling = profiling_table()
             .into_iter()
@@ -443,8 +478,8 @@ struct DcgmSeries {
 }
 
 impl DcgmSeries {
-    fn new(r: &Registry, hostname: String) -> Result<Self, prometheus::Error> {
-        let g = |name, help| new_vec(r, name, help, &DCGM_LABELS);
+    fn new(r: &Registry, hostname: String, pod: bool) -> Result<Self, prometheus::Error> {
+        let g = |name, help| new_vec(r, name, help, &label_names(&DCGM_LABELS, pod, &[]));
         let profiling = profiling_table()
             .into_iter()
             .map(|(_, _, name, help, pick)| Ok((g(name, help)?, pick)))
@@ -498,15 +533,17 @@ impl DcgmSeries {
         })
     }
 
-    fn labels<'a>(&'a self, l: &'a Labels, device: &'a str) -> [&'a str; 6] {
-        [
-            &l.gpu,
+    fn labels<'a>(&'a self, l: &'a Labels, device: &'a str) -> Vec<&'a str> {
+        let mut v = vec![
+            l.gpu.as_str(),
             &l.uuid,
             &l.pci_bus_id,
             device,
             &l.name,
             &self.hostname,
-        ]
+        ];
+        v.extend(l.pod_values());
+        v
     }
 
     fn set(&self, l: &Labels, r: Option<&GpuReading>, first: bool) {
@@ -589,6 +626,8 @@ pub struct GpuMetrics {
     dcgm: Option<DcgmSeries>,
     /// The GPUs of the last [`GpuMetrics::observe`].
     known: Mutex<Vec<Labels>>,
+    /// The GPU → container assignment, when pod labels are on.
+    pods: Option<SharedGpuPods>,
 }
 
 impl GpuMetrics {
@@ -599,9 +638,10 @@ impl GpuMetrics {
             "1 while the NVML collector works, else 0.",
         ))?;
         registry.register(Box::new(up.clone()))?;
-        let warden = WardenSeries::new(registry)?;
+        let pod = options.pods.is_some();
+        let warden = WardenSeries::new(registry, pod)?;
         let dcgm = if options.dcgm_compat {
-            Some(DcgmSeries::new(registry, options.hostname)?)
+            Some(DcgmSeries::new(registry, options.hostname, pod)?)
         } else {
             None
         };
@@ -610,6 +650,7 @@ impl GpuMetrics {
             warden,
             dcgm,
             known: Mutex::new(Vec::new()),
+            pods: options.pods,
         })
     }
 
@@ -618,10 +659,15 @@ impl GpuMetrics {
         self.up.set(if up { 1.0 } else { 0.0 });
     }
 
-    /// Show `readings`, one per GPU; the series of GPUs not among them are removed.
+    /// Show `readings`, one per GPU; the series of GPUs not among them are removed, and
+    /// so are those of a GPU whose container changed (they reappear under the new one).
     pub fn observe(&self, readings: &[GpuReading]) {
+        let pods = self.pods.as_ref().map(crate::pod_resources::snapshot);
         let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
-        let now: Vec<Labels> = readings.iter().map(Labels::of).collect();
+        let now: Vec<Labels> = readings
+            .iter()
+            .map(|r| Labels::of(r, pods.as_ref()))
+            .collect();
         for gone in known.iter().filter(|l| !now.contains(l)) {
             self.warden.set(gone, None);
             if let Some(d) = &self.dcgm {
@@ -773,6 +819,7 @@ mod tests {
             GpuMetricsOptions {
                 dcgm_compat: true,
                 hostname: "node1".to_owned(),
+                pods: None,
             },
         )
         .expect("metrics")

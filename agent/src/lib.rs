@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod nccl;
 pub mod nvml;
 pub mod pci;
+pub mod pod_resources;
 pub mod privilege;
 pub mod progress;
 pub mod runtime;

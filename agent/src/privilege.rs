@@ -8,9 +8,10 @@
 //!   stays readable without it.
 //! - `CAP_DAC_OVERRIDE` to bind the capture socket in `/run/warden` when that directory
 //!   is root's (the kubelet creates `hostPath` directories root-owned, mode 0755). The
-//!   bound socket keeps accepting without it.
+//!   bound socket keeps accepting without it. The same capability connects to the
+//!   kubelet's pod-resources socket (root's, mode 0755); the connection is kept.
 //!
-//! [`preopen`] does both; [`drop_all`] then empties the effective, permitted,
+//! [`preopen`] does these; [`drop_all`] then empties the effective, permitted,
 //! inheritable and ambient sets and sets `no_new_privs`, so that nothing the process
 //! runs later can gain a capability again, a file capability or set-user-ID bit
 //! included. Capabilities belong to threads: [`drop_all`] must run while the process
@@ -21,7 +22,7 @@
 //! collectors report themselves down.
 
 use std::io;
-use std::os::unix::net::UnixListener;
+use std::os::unix::net::{UnixListener, UnixStream};
 
 use rustix::thread::{CapabilitySet, CapabilitySets};
 
@@ -36,9 +37,13 @@ pub struct Preopened {
     pub kmsg: Option<io::Result<KernelSource>>,
     /// The capture socket (`None`: capture is disabled, or nothing was preopened).
     pub capture: Option<io::Result<UnixListener>>,
+    /// A connection to the kubelet's pod-resources socket (`None`: disabled, no such
+    /// socket on this node, or nothing was preopened).
+    pub pod_resources: Option<io::Result<UnixStream>>,
 }
 
-/// Open the kernel log and bind the capture socket of `cfg`, each only where enabled.
+/// Open the kernel log, bind the capture socket and connect to the kubelet's
+/// pod-resources socket of `cfg`, each only where enabled (the last only where it exists).
 /// Errors are kept for the runtime, which reports the collector down with them.
 pub fn preopen(cfg: &AgentConfig, now_ns: i64) -> Preopened {
     Preopened {
@@ -50,6 +55,8 @@ pub fn preopen(cfg: &AgentConfig, now_ns: i64) -> Preopened {
             .capture
             .enabled
             .then(|| crate::capture::bind(&cfg.capture.socket)),
+        pod_resources: (cfg.pod_resources.enabled && cfg.pod_resources.socket.exists())
+            .then(|| UnixStream::connect(&cfg.pod_resources.socket)),
     }
 }
 

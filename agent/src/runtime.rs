@@ -230,6 +230,54 @@ fn start_kmsg(
     }
 }
 
+/// Start reading the kubelet's pod-resources API where it is enabled and its socket
+/// exists (a Kubernetes node): the assignment the GPU metrics label their series with,
+/// and the task that keeps it current. `opened` is the connection
+/// [`crate::privilege::preopen`] made, if it did.
+fn start_pod_resources(
+    cfg: &AgentConfig,
+    opened: Option<std::io::Result<std::os::unix::net::UnixStream>>,
+    shared: &Shared,
+    stop: watch::Receiver<bool>,
+) -> (
+    Option<crate::pod_resources::SharedGpuPods>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    let pc = &cfg.pod_resources;
+    if !pc.enabled || !cfg.nvml.enabled {
+        return (None, None);
+    }
+    if opened.is_none() && !pc.socket.exists() {
+        tracing::info!(
+            socket = %pc.socket.display(),
+            "no kubelet pod-resources socket: GPU metrics carry no pod labels"
+        );
+        return (None, None);
+    }
+    let preopened = match opened {
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => {
+            // The poller tries again, and reports itself down until it can.
+            tracing::warn!(socket = %pc.socket.display(), error = %e, "cannot connect to the kubelet's pod-resources socket");
+            None
+        }
+        None => None,
+    };
+    let pods = crate::pod_resources::SharedGpuPods::default();
+    let client = crate::pod_resources::Client::new(&pc.socket, Duration::from_secs(5), preopened);
+    let s = shared.clone();
+    let task = tokio::spawn(crate::pod_resources::poll(
+        client,
+        pc.interval,
+        pc.resources.clone(),
+        pods.clone(),
+        move |up| s.set_up("pod_resources", up),
+        stop,
+    ));
+    tracing::info!(socket = %pc.socket.display(), "reading GPU pod assignments from the kubelet");
+    (Some(pods), Some(task))
+}
+
 /// Run the agent until `shutdown` resolves. `ready` receives the bound address.
 pub async fn run(
     cfg: AgentConfig,
@@ -296,9 +344,15 @@ pub async fn run_preopened(
     let local = listener.local_addr().map_err(RunError::Serve)?;
 
     let mut threads = Vec::new();
-    let Preopened { kmsg, capture } = preopened;
+    let Preopened {
+        kmsg,
+        capture,
+        pod_resources,
+    } = preopened;
     threads.extend(start_kmsg(&cfg, kmsg, &shared, &boot_id));
-    threads.extend(crate::collectors::start(&cfg, &shared, &registry));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (pods, pods_task) = start_pod_resources(&cfg, pod_resources, &shared, stop_rx.clone());
+    threads.extend(crate::collectors::start(&cfg, &shared, &registry, pods));
     let progress = crate::progress::Progress::default();
     threads.extend(crate::capture::start(
         &cfg.capture,
@@ -308,7 +362,6 @@ pub async fn run_preopened(
     ));
     threads.extend(crate::nccl::start(&cfg.capture, &shared, &progress));
 
-    let (stop_tx, stop_rx) = watch::channel(false);
     let shipper = match &cfg.ship.url {
         Some(url) => {
             let transport = HttpTransport::new(
@@ -358,6 +411,9 @@ pub async fn run_preopened(
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
     let _ = stop_tx.send(true);
+    if let Some(t) = pods_task {
+        t.abort();
+    }
     if let Some(s) = shipper {
         let _ = s.await;
     }

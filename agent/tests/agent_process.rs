@@ -606,3 +606,160 @@ fn a_wait_for_the_agent_ends_when_the_agent_exits() {
     assert!(msg.contains("64"), "the exit status is named: {msg}");
     eprintln!("the wait ended {:?} after the start", started.elapsed());
 }
+
+/// The fake kubelet (support/fake_kubelet.py): grpcio serving the pod-resources API on
+/// a unix socket from a JSON file it re-reads on every call. Killed on drop.
+struct FakeKubelet(std::process::Child);
+
+impl FakeKubelet {
+    fn start(python: &std::path::Path, socket: &std::path::Path, pods: &std::path::Path) -> Self {
+        use std::io::BufRead;
+        let _ = std::fs::remove_file(socket);
+        let mut child = std::process::Command::new(python)
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/support/fake_kubelet.py"
+            ))
+            .args([socket, pods])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the fake kubelet");
+        let mut line = String::new();
+        let out = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(out)
+            .read_line(&mut line)
+            .expect("read the fake kubelet");
+        assert_eq!(line.trim(), "ready", "the fake kubelet did not start");
+        FakeKubelet(child)
+    }
+}
+
+impl Drop for FakeKubelet {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The `/metrics` line of series `name` for GPU `gpu`.
+fn gpu_line<'a>(m: &'a str, name: &str, gpu: u32) -> Option<&'a str> {
+    m.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&format!("gpu=\"{gpu}\"")))
+}
+
+/// Whether GPU `gpu`'s temperature series, under both names, carries exactly the labels
+/// of `pod` (namespace/pod/container).
+fn labelled(m: &str, gpu: u32, pod: &str) -> bool {
+    let parts: Vec<&str> = pod.split('/').collect();
+    let want = [
+        format!("namespace=\"{}\"", parts[0]),
+        format!("pod=\"{}\"", parts[1]),
+        format!("container=\"{}\"", parts[2]),
+    ];
+    ["warden_gpu_temperature_celsius", "DCGM_FI_DEV_GPU_TEMP"]
+        .iter()
+        .all(|name| {
+            gpu_line(m, name, gpu).is_some_and(|l| want.iter().all(|w| l.contains(w.as_str())))
+        })
+}
+
+fn write_pods(path: &std::path::Path, pods: &serde_json::Value) {
+    std::fs::write(path, pods.to_string()).expect("write the pods");
+}
+
+/// Two pods holding GPUs 1 and 2 as the NVIDIA device plugin reports them: GPU 1 whole,
+/// GPU 2 time-sliced (`::N` replica ids under `nvidia.com/gpu.shared`).
+fn pods(gpu1_pod: (&str, &str, &str)) -> serde_json::Value {
+    let uuid = |i: u32| format!("GPU-fa4e0000-0000-4000-8000-{i:012x}");
+    serde_json::json!([
+        {"namespace": gpu1_pod.0, "name": gpu1_pod.1, "containers": [
+            {"name": "sidecar"},
+            {"name": gpu1_pod.2, "cpu_ids": [4, 5],
+             "devices": [{"resource_name": "nvidia.com/gpu", "device_ids": [uuid(1)], "numa": [0]}]}]},
+        {"namespace": "infer", "name": "vllm-0", "containers": [
+            {"name": "engine",
+             "devices": [{"resource_name": "nvidia.com/gpu.shared", "device_ids": [format!("{}::0", uuid(2))]}]}]},
+        {"namespace": "net", "name": "sriov", "containers": [
+            {"name": "x", "devices": [{"resource_name": "intel.com/sriov", "device_ids": [uuid(3)]}]}]},
+    ])
+}
+
+/// On a Kubernetes node, every GPU series carries the pod, namespace and container the
+/// kubelet assigned its GPU to (as dcgm-exporter's do), follows a reassignment, keeps
+/// its labels while the kubelet errs, and the agent connects again after the kubelet
+/// restarts.
+#[test]
+fn gpu_series_carry_the_pod_the_kubelet_assigned_their_gpu_to() {
+    let Some(python) = warden_testkit::tools::venv_python("grpc") else {
+        return;
+    };
+    let node = fake_nvml::FakeNode::new(&[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (socket, pods_file) = (
+        dir.path().join("kubelet.sock"),
+        dir.path().join("pods.json"),
+    );
+    write_pods(&pods_file, &pods(("train", "llama-0", "trainer")));
+    let kubelet = FakeKubelet::start(&python, &socket, &pods_file);
+    let (agent_port, controller_port) = (free_port(), free_port());
+    let _sink = Sink::start(controller_port);
+    let cfg = config(dir.path(), node.lib_path(), agent_port, controller_port);
+    let mut text = std::fs::read_to_string(&cfg).expect("config");
+    text.push_str(&format!(
+        "pod_resources:\n  socket: {}\n  interval_ms: 1000\n",
+        socket.display()
+    ));
+    std::fs::write(&cfg, text).expect("config");
+    let agent = AgentProc::start(&cfg, agent_port);
+
+    let m = agent.wait_metrics("GPU 1 labelled with its pod", |m| {
+        labelled(m, 1, "train/llama-0/trainer")
+    });
+    assert!(
+        labelled(&m, 2, "infer/vllm-0/engine"),
+        "a time-sliced GPU has its pod:\n{m}"
+    );
+    // Another resource's device ids are not GPUs; an unassigned GPU has empty labels.
+    for gpu in [3, 5] {
+        let l = gpu_line(&m, "warden_gpu_temperature_celsius", gpu).expect("GPU series");
+        assert!(
+            l.contains("pod=\"\"") && l.contains("namespace=\"\""),
+            "{l}"
+        );
+    }
+    assert_eq!(
+        metric(&m, "warden_agent_collector_up{collector=\"pod_resources\"}"),
+        Some(1.0),
+        "{m}"
+    );
+
+    // GPU 1 moves to another pod: its series follow, and the old pod's are gone.
+    write_pods(&pods_file, &pods(("train", "llama-1", "trainer")));
+    let m = agent.wait_metrics("GPU 1 relabelled", |m| {
+        labelled(m, 1, "train/llama-1/trainer")
+    });
+    assert!(
+        !m.contains("pod=\"llama-0\""),
+        "the old pod's series are removed:\n{m}"
+    );
+
+    // The kubelet errs: the collector is down, the labels stay.
+    write_pods(
+        &pods_file,
+        &serde_json::json!({"error": "kubelet is restarting"}),
+    );
+    let m = agent.wait_metrics("pod_resources down", |m| {
+        metric(m, "warden_agent_collector_up{collector=\"pod_resources\"}") == Some(0.0)
+    });
+    assert!(labelled(&m, 1, "train/llama-1/trainer"), "{m}");
+
+    // The kubelet restarts on a new socket file: the agent connects again.
+    drop(kubelet);
+    write_pods(&pods_file, &pods(("train", "llama-2", "trainer")));
+    let _kubelet = FakeKubelet::start(&python, &socket, &pods_file);
+    let m = agent.wait_metrics("GPU 1 labelled after the kubelet restarted", |m| {
+        labelled(m, 1, "train/llama-2/trainer")
+            && metric(m, "warden_agent_collector_up{collector=\"pod_resources\"}") == Some(1.0)
+    });
+    assert!(labelled(&m, 2, "infer/vllm-0/engine"), "{m}");
+}

@@ -253,6 +253,7 @@ fn temperature_change_shows_in_metrics_and_a_crossing_is_a_thermal_event() {
         GpuMetricsOptions {
             dcgm_compat: true,
             hostname: "gpu-node01".to_owned(),
+            pods: None,
         },
     )
     .expect("metrics");

@@ -32,20 +32,11 @@ fn in_ci() -> bool {
     std::env::var("CI").as_deref() == Ok("true")
 }
 
-fn venv() -> PathBuf {
-    match std::env::var_os("WARDEN_VENV") {
-        Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/warden/venv")
-        }
-    }
-}
-
 /// The schemathesis executable, or `None` (with advice) outside CI when it is missing.
 fn schemathesis_bin() -> Option<PathBuf> {
     let bin = std::env::var_os("SCHEMATHESIS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| venv().join("bin/schemathesis"));
+        .unwrap_or_else(|| warden_testkit::tools::venv().join("bin/schemathesis"));
     let works = Command::new(&bin)
         .arg("--version")
         .output()

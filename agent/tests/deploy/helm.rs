@@ -1,6 +1,8 @@
 //! A renderer for the small subset of Helm's template language that deploy/helm/warden
-//! is written in, so the chart can be checked without a helm binary. Anything outside
-//! the subset is an error, never a silent guess, so templates cannot drift outside it.
+//! is written in, so the chart can be checked without a helm binary (and is, where helm
+//! runs, against it: the deploy tests compare the two outputs object by object, the
+//! YAML documents inside ConfigMaps by what they mean). Anything outside the subset is
+//! an error, never a silent guess, so templates cannot drift outside it.
 //!
 //! The subset:
 //! - text, `{{- ` and ` -}}` whitespace trimming, comments `{{/* ... */}}`;
@@ -378,9 +380,26 @@ fn number(n: &Number) -> Result<String, String> {
     ))
 }
 
+/// Whether `toYaml` prints every number in `v` as written. Helm's goes through JSON
+/// (sigs.k8s.io/yaml): a float64 prints whole up to 1e21, and in exponent form below
+/// 1e-6; an integer past 2^53 is not a float64 any more.
 fn check_numbers(v: &Value) -> Result<(), String> {
     match v {
-        Value::Number(n) => number(n).map(drop),
+        Value::Number(n) => {
+            let exact = match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), ..) => i.unsigned_abs() <= 1 << 53,
+                (None, Some(u), _) => u <= 1 << 53,
+                (.., Some(f)) => f == 0.0 || (1e-6..1e21).contains(&f.abs()),
+                _ => false,
+            };
+            if exact {
+                Ok(())
+            } else {
+                Err(format!(
+                    "number {n} would not print as written (Helm reads values as float64: quote it in values.yaml)"
+                ))
+            }
+        }
         Value::Array(s) => s.iter().try_for_each(check_numbers),
         Value::Object(m) => m.values().try_for_each(check_numbers),
         _ => Ok(()),

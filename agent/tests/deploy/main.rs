@@ -222,6 +222,28 @@ fn plain_manifests_are_strictly_valid_and_all_in_the_kustomization() {
     );
 }
 
+/// `objs` with each ConfigMap's `*.yaml` data parsed. The chart writes a config with
+/// `toYaml` from a values map (keys sorted, no comments), deploy/kubernetes holds it as
+/// written by hand (with comments): the two must hold the same settings, not the same
+/// characters.
+fn config_data_parsed(objs: &BTreeMap<String, Value>) -> BTreeMap<String, Value> {
+    let mut out = objs.clone();
+    for (id, o) in &mut out {
+        if o["kind"] != "ConfigMap" {
+            continue;
+        }
+        let Some(data) = o.get_mut("data").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        for (key, text) in data.iter_mut().filter(|(k, _)| k.ends_with(".yaml")) {
+            let parsed: Value = warden_model::yaml::from_str(text.as_str().unwrap_or_default())
+                .unwrap_or_else(|e| panic!("{id}: data.{key} is not YAML: {e}"));
+            *text = parsed;
+        }
+    }
+    out
+}
+
 #[test]
 fn chart_renders_strictly_valid_objects_and_its_defaults_are_the_plain_manifests() {
     let chart_objs = typed(chart());
@@ -241,6 +263,7 @@ fn chart_renders_strictly_valid_objects_and_its_defaults_are_the_plain_manifests
     p.remove(&format!("Namespace//{NAMESPACE}"))
         .expect("the plain manifests create the namespace");
     let c = by_id(&chart_objs);
+    let (p, c) = (config_data_parsed(&p), config_data_parsed(&c));
     assert_eq!(
         p.keys().collect::<Vec<_>>(),
         c.keys().collect::<Vec<_>>(),
@@ -293,6 +316,7 @@ fn chart_options_render_valid_objects() {
     let mut v = chart_values();
     v["agent"]["hostNetwork"] = true.into();
     v["agent"]["ncclSegments"] = false.into();
+    v["agent"]["podResources"]["enabled"] = false.into();
     v["rbac"]["create"] = false.into();
     v["serviceMonitor"]["labels"] = serde_json::json!({"release": "prometheus"});
     v["alerts"]["prometheusRule"]["labels"] = serde_json::json!({"release": "prometheus"});
@@ -311,12 +335,13 @@ fn chart_options_render_valid_objects() {
     let (pod, c) = container(&objs, "DaemonSet", "warden-agent");
     assert_eq!(pod.host_network, Some(true));
     assert_eq!(pod.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
-    assert!(
-        c.volume_mounts
-            .iter()
-            .flatten()
-            .all(|m| m.name != "nccl-segments")
-    );
+    for name in ["nccl-segments", "pod-resources"] {
+        assert!(
+            c.volume_mounts.iter().flatten().all(|m| m.name != name)
+                && pod.volumes.iter().flatten().all(|v| v.name != name),
+            "{name} is not mounted"
+        );
+    }
     let Typed::ServiceMonitor(sm) = find(&objs, "ServiceMonitor", "warden-agent") else {
         panic!("a ServiceMonitor");
     };
@@ -507,6 +532,134 @@ fn chart_names_follow_fullname_override_and_service_accounts_can_be_brought() {
             "{}",
             o.id()
         );
+    }
+}
+
+/// The objects the chart renders with `values` (release RELEASE, namespace NAMESPACE).
+fn rendered_objects(values: &Value) -> Vec<Obj> {
+    render(values)
+        .iter()
+        .flat_map(|(n, t)| yaml_objects(t, &format!("chart templates/{n}")))
+        .collect()
+}
+
+#[test]
+fn chart_labels_follow_name_override_and_object_names_do_not() {
+    let mut v = chart_values();
+    v["nameOverride"] = "gpu-warden".into();
+    let raw = rendered_objects(&v);
+    let defaults = rendered_objects(&chart_values());
+    assert_eq!(
+        raw.iter().map(Obj::id).collect::<Vec<_>>(),
+        defaults.iter().map(Obj::id).collect::<Vec<_>>(),
+        "nameOverride renames no object (fullnameOverride does)"
+    );
+    let name_label = |o: &Obj, at: &str| -> Option<String> {
+        o.value
+            .pointer(at)
+            .and_then(|l| l.get("app.kubernetes.io/name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let mut seen = 0;
+    for (o, d) in raw.iter().zip(&defaults) {
+        for at in [
+            "/metadata/labels",
+            "/spec/selector/matchLabels",
+            "/spec/selector",
+            "/spec/template/metadata/labels",
+            "/spec/podSelector/matchLabels",
+        ] {
+            let (Some(renamed), Some(default)) = (name_label(o, at), name_label(d, at)) else {
+                continue;
+            };
+            let suffix = default
+                .strip_prefix("warden")
+                .unwrap_or_else(|| panic!("{} {at}: {default}", o.id()));
+            assert_eq!(renamed, format!("gpu-warden{suffix}"), "{} {at}", o.id());
+            seen += 1;
+        }
+    }
+    assert!(seen > 20, "only {seen} name labels and selectors");
+    // The defaults are deploy/kubernetes's names.
+    let defaults = typed(defaults);
+    let Typed::DaemonSet(ds) = find(&defaults, "DaemonSet", "warden-agent") else {
+        panic!("the agent's DaemonSet");
+    };
+    assert_eq!(
+        ds.spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.as_ref())
+            .and_then(|l| l.get("app.kubernetes.io/name"))
+            .map(String::as_str),
+        Some("warden-agent")
+    );
+}
+
+/// The agent's and the controller's configs are maps in values.yaml, rendered with
+/// `toYaml`, and say what deploy/kubernetes's hand-written config files say.
+#[test]
+fn chart_configs_are_value_maps_that_render_the_plain_config_files() {
+    let values = chart_values();
+    let plain = typed(plain());
+    let chart = typed(chart());
+    for (who, file, sections) in [
+        (
+            "agent",
+            "agent.yaml",
+            &[
+                "controller",
+                "nvml",
+                "kmsg",
+                "logs",
+                "log_window",
+                "capture",
+                "pod_resources",
+            ][..],
+        ),
+        (
+            "controller",
+            "controller.yaml",
+            &[
+                "data_dir",
+                "tokens_file",
+                "max_batch_bytes",
+                "tick_interval_ms",
+                "remediation",
+                "diagnosis",
+            ][..],
+        ),
+    ] {
+        let config = &values[who]["config"];
+        assert!(config.is_object(), "{who}.config is a map: {config}");
+        let name = format!("warden-{who}");
+        let text = |objs: &[(Obj, Typed)]| -> String {
+            let Typed::ConfigMap(cm) = find(objs, "ConfigMap", &name) else {
+                panic!("ConfigMap {name}");
+            };
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get(file))
+                .unwrap_or_else(|| panic!("ConfigMap {name} has no {file}"))
+                .clone()
+        };
+        let rendered = text(&chart);
+        let parsed: Value = warden_model::yaml::from_str(&rendered)
+            .unwrap_or_else(|e| panic!("{who}: {file} is not YAML: {e}\n{rendered}"));
+        assert_eq!(&parsed, config, "{who}: {file} is {who}.config");
+        let plain_parsed: Value =
+            warden_model::yaml::from_str(&text(&plain)).expect("the plain config parses");
+        assert_eq!(
+            parsed, plain_parsed,
+            "{who}: the chart's {file} and deploy/kubernetes's hold the same settings"
+        );
+        let keys: BTreeSet<&str> = parsed
+            .as_object()
+            .expect("a map")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, sections.iter().copied().collect(), "{who}: sections");
     }
 }
 
@@ -928,6 +1081,7 @@ fn agent_daemonset_keeps_privileges_minimal() {
                 "/dev/kmsg",
                 "/dev/shm",
                 "/run/warden",
+                "/var/lib/kubelet/pod-resources",
                 "/var/log/containers",
                 "/var/log/pods"
             ]
@@ -1349,6 +1503,13 @@ fn config_maps_hold_config_the_binaries_accept() {
                 );
             }
         }
+        assert!(cfg.pod_resources.enabled, "{what}");
+        let socket_dir = cfg.pod_resources.socket.parent().and_then(Path::to_str);
+        assert!(
+            socket_dir.is_some_and(|d| mounts.contains(&d)),
+            "{what}: the kubelet's pod-resources socket {} is in a mount",
+            cfg.pod_resources.socket.display()
+        );
 
         // The controller.
         let (file, text) = config_text(&objs, cpod, ctl);
@@ -1389,7 +1550,13 @@ fn config_maps_hold_config_the_binaries_accept() {
 
 #[test]
 fn services_monitors_and_policies_point_at_real_pods_and_ports() {
-    for (what, objs) in both() {
+    let mut renamed = chart_values();
+    renamed["nameOverride"] = "gpu-warden".into();
+    let renamed = typed(rendered_objects(&renamed));
+    for (what, objs) in both()
+        .into_iter()
+        .chain([("the chart with nameOverride", renamed)])
+    {
         let workloads: Vec<(&BTreeMap<String, String>, &Container)> = objs
             .iter()
             .filter_map(|(_, t)| Some((t.pod_labels()?, &t.pod_spec()?.containers[0])))
@@ -1608,18 +1775,9 @@ async fn probes_hit_routes_the_binaries_serve() {
     assert_eq!(status(agent(), "/readyz").await, 404);
 }
 
-fn venv() -> PathBuf {
-    match std::env::var_os("WARDEN_VENV") {
-        Some(v) if !v.is_empty() => PathBuf::from(v),
-        _ => {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/warden/venv")
-        }
-    }
-}
-
 #[test]
 fn kubernetes_validate_accepts_every_object() {
-    let exe = venv().join("bin/kubernetes-validate");
+    let exe = warden_testkit::tools::venv().join("bin/kubernetes-validate");
     if !exe.exists() {
         let msg = format!(
             "{} is missing: run scripts/test, which installs kubernetes-validate",
@@ -1772,7 +1930,7 @@ fn key_paths(
 /// it names exactly the keys of values.yaml.
 #[test]
 fn values_schema_accepts_the_defaults_and_refuses_mistakes() {
-    let python = venv().join("bin/python");
+    let python = warden_testkit::tools::venv().join("bin/python");
     if !python.exists() {
         let msg = format!("{} is missing: run scripts/test", python.display());
         assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{msg}");
@@ -1792,6 +1950,7 @@ fn values_schema_accepts_the_defaults_and_refuses_mistakes() {
             "podAnnotations.",
             "affinity.",
             "resources.",
+            "config.",
         ]
         .iter()
         .any(|f| p.contains(f))
@@ -1891,6 +2050,30 @@ fn values_schema_accepts_the_defaults_and_refuses_mistakes() {
             serde_json::json!({"release": 1}),
             "is not of type 'string'",
         ),
+        (
+            "a config as text, as the chart took it before",
+            "/agent/config",
+            "controller:\n  flush_interval_ms: 1000\n".into(),
+            "is not of type 'object'",
+        ),
+        (
+            "a controller config as text",
+            "/controller/config",
+            "data_dir: /var/lib/warden\n".into(),
+            "is not of type 'object'",
+        ),
+        (
+            "a name that is not a DNS label",
+            "/nameOverride",
+            "Warden_GPU".into(),
+            "does not match",
+        ),
+        (
+            "a name too long for the labels",
+            "/nameOverride",
+            "w".repeat(41).into(),
+            "is too long",
+        ),
     ] {
         let mut v = chart_values();
         let (parent, key) = path.rsplit_once('/').expect("a path");
@@ -1900,5 +2083,404 @@ fn values_schema_accepts_the_defaults_and_refuses_mistakes() {
             .insert(key.to_owned(), bad);
         let err = check(&v).expect_err(what);
         assert!(err.contains(says), "{what}: {err}");
+    }
+}
+
+/// The real helm (`warden_testkit::tools::helm`), run with homes of its own in a temp
+/// dir and a kubeconfig that does not exist: nothing of the user's is read or written,
+/// and no cluster is reached.
+struct Helm {
+    bin: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Helm {
+    fn find() -> Option<Helm> {
+        Some(Helm {
+            bin: warden_testkit::tools::helm()?,
+            home: tempfile::tempdir().expect("temp dir"),
+        })
+    }
+
+    /// `helm ARGS`: (exit status 0, stdout, stderr).
+    fn run(&self, args: &[&std::ffi::OsStr]) -> (bool, String, String) {
+        let home = self.home.path();
+        let out = std::process::Command::new(&self.bin)
+            .args(args)
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .env("KUBECONFIG", home.join("no-kubeconfig"))
+            .output()
+            .unwrap_or_else(|e| panic!("{} does not run: {e}", self.bin.display()));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// `values` written where helm can read it with `-f` (JSON).
+    fn values_file(&self, name: &str, values: &Value) -> PathBuf {
+        let path = self.home.path().join(format!("{name}.json"));
+        std::fs::write(&path, values.to_string()).expect("write values");
+        path
+    }
+
+    fn version(&self) -> String {
+        self.run(&["version".as_ref(), "--short".as_ref()])
+            .1
+            .trim()
+            .to_owned()
+    }
+}
+
+/// `over` merged into `base` as Helm merges a values file into the chart's values: maps
+/// key by key, anything else replaced, a null removing the key.
+fn coalesce(base: &mut Value, over: &Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    _ if v.is_null() => {
+                        b.remove(k);
+                    }
+                    Some(old) if old.is_object() && v.is_object() => coalesce(old, v),
+                    _ => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+/// Values files a user might give: none; every option the chart has turned on (and its
+/// configs changed key by key); every option off. (name, release, namespace, values).
+fn helm_value_sets() -> Vec<(&'static str, &'static str, &'static str, Value)> {
+    let extras = |who: &str| {
+        serde_json::json!({
+            "podAnnotations": {"example.com/team": "ml-infra"},
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["a", "b"]}
+                ]}]
+            }}},
+            "extraEnv": [{"name": "EXTRA", "value": who}, {"name": "FLAG", "value": "true"}],
+            "extraVolumes": [{"name": "ca", "configMap": {"name": "corp-ca"}}],
+            "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/corp-ca", "readOnly": true}],
+            "image": {"repository": format!("registry.example.com/warden-{who}"), "tag": "0.1.0-rc.1", "pullPolicy": "Always"},
+            "logLevel": "info,warden=debug",
+            "resources": {"requests": {"cpu": "100m", "memory": "48Mi"}, "limits": {"memory": "1Gi"}},
+        })
+    };
+    let mut on = serde_json::json!({
+        "fullnameOverride": "ml-warden",
+        "nameOverride": "gpu-warden",
+        "imagePullSecrets": [{"name": "regcred"}],
+        "agent": {
+            "hostNetwork": true,
+            "port": 19461,
+            "maxUnavailable": 2,
+            "fileCapabilities": true,
+            "ncclSegments": true,
+            "podResources": {"enabled": true},
+            "nodeSelector": {"nvidia.com/gpu.present": "true", "pool": "training"},
+            "serviceAccount": {"create": true, "name": "", "annotations": {"example.com/owner": "infra"}},
+            "config": {
+                "nvml": {"dcgm_compat": true, "interval_ms": 500},
+                "kmsg": null,
+                "logs": {"sources": [
+                    {"paths": ["/var/log/pods/*/*/*.log"], "format": "cri"},
+                    {"paths": ["/var/log/containers/*.log"], "format": "cri"}
+                ]},
+            },
+        },
+        "controller": {
+            "port": 19460,
+            "automountServiceAccountToken": true,
+            "nodeSelector": {"node-role/infra": "true"},
+            "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
+            "serviceAccount": {"create": false, "name": "platform-sa", "annotations": {}},
+            "config": {
+                "remediation": {"dry_run": false, "breaker": {"max_nodes": 2}},
+                "diagnosis": {"agent_url": "http://{node}.nodes.example.com:19461"},
+                "traces": {"otlp_endpoint": "http://otel-collector:4318"},
+            },
+        },
+        "secrets": {"agentToken": "agent-token", "apiTokens": "api-tokens", "database": "pg", "llmApiKey": "llm"},
+        "rbac": {"create": true},
+        "serviceMonitor": {"enabled": true, "interval": "30s", "labels": {"release": "prometheus"}},
+        "alerts": {
+            "prometheusRule": {"enabled": true, "labels": {"release": "prometheus"}},
+            "agentSelector": "job=\"gpu-nodes\",namespace=\"ml\"",
+            "controllerSelector": "job=~\"warden-ctl|warden-controller-.*\"",
+            "runbookUrl": "https://wiki.example.com/warden/alerts",
+        },
+        "networkPolicy": {
+            "enabled": true,
+            "prometheusNamespace": "observability",
+            "prometheusPodLabels": {"app.kubernetes.io/name": "prometheus", "prometheus": "k8s"},
+        },
+    });
+    for who in ["agent", "controller"] {
+        coalesce(&mut on[who], &extras(who));
+    }
+    let off = serde_json::json!({
+        "agent": {
+            "hostNetwork": false,
+            "fileCapabilities": false,
+            "ncclSegments": false,
+            "podResources": {"enabled": false},
+            "serviceAccount": {"create": false, "name": "node-agent"},
+        },
+        "controller": {
+            "automountServiceAccountToken": false,
+            "serviceAccount": {"create": false, "name": ""},
+        },
+        "rbac": {"create": false},
+        "serviceMonitor": {"enabled": false},
+        "alerts": {"prometheusRule": {"enabled": false}},
+        "networkPolicy": {"enabled": false},
+    });
+    vec![
+        ("the defaults", RELEASE, NAMESPACE, serde_json::json!({})),
+        ("every option on", "prod", "ml", on),
+        ("every option off", "lean", "gpu-ops", off),
+    ]
+}
+
+#[test]
+fn helm_lints_the_chart_strictly_with_defaults_and_every_option() {
+    let Some(helm) = Helm::find() else {
+        return;
+    };
+    let chart = chart_dir();
+    for (what, _, namespace, values) in helm_value_sets() {
+        let file = helm.values_file("values", &values);
+        let (ok, out, err) = helm.run(&[
+            "lint".as_ref(),
+            "--strict".as_ref(),
+            chart.as_os_str(),
+            "--namespace".as_ref(),
+            namespace.as_ref(),
+            "-f".as_ref(),
+            file.as_os_str(),
+        ]);
+        let text = format!("{out}{err}");
+        assert!(
+            ok && text.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "helm {} lint --strict, {what}:\n{text}",
+            helm.version()
+        );
+        let findings: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with('['))
+            .filter(|l| *l != "[INFO] Chart.yaml: icon is recommended")
+            .collect();
+        assert!(
+            findings.is_empty(),
+            "helm lint, {what}: {findings:#?}\n{text}"
+        );
+    }
+}
+
+/// `helm template` and this crate's renderer (helm.rs) make the same objects from the
+/// same values: the renderer the other tests trust is the real thing's twin. And `helm
+/// install --dry-run=client` shows the NOTES.txt the renderer renders.
+#[test]
+fn helm_renders_the_same_objects_and_notes_as_the_test_renderer() {
+    let Some(helm) = Helm::find() else {
+        return;
+    };
+    let chart = chart_dir();
+    let renderer = helm::Chart::load(&chart).unwrap_or_else(|e| panic!("chart: {e}"));
+    for (what, release, namespace, overrides) in helm_value_sets() {
+        let file = helm.values_file("values", &overrides);
+        let mut values = chart_values();
+        coalesce(&mut values, &overrides);
+
+        let (ok, out, err) = helm.run(&[
+            "template".as_ref(),
+            release.as_ref(),
+            chart.as_os_str(),
+            "--namespace".as_ref(),
+            namespace.as_ref(),
+            "-f".as_ref(),
+            file.as_os_str(),
+        ]);
+        assert!(ok, "helm template, {what}:\n{err}");
+        let key = |o: &Obj| format!("{}/{}", o.kind(), o.name());
+        let mut from_helm = BTreeMap::new();
+        for o in yaml_objects(&out, &format!("helm template ({what})")) {
+            assert!(
+                from_helm.insert(key(&o), o.value).is_none(),
+                "helm, {what}: {} twice",
+                o.origin
+            );
+        }
+        let mut ours = BTreeMap::new();
+        let rendered = renderer
+            .render(&values, release, namespace)
+            .unwrap_or_else(|e| panic!("the renderer, {what}: {e}"));
+        for (name, text) in &rendered {
+            for o in yaml_objects(text, &format!("templates/{name}")) {
+                assert!(
+                    ours.insert(key(&o), o.value).is_none(),
+                    "renderer, {what}: {} twice",
+                    o.origin
+                );
+            }
+        }
+        assert_eq!(
+            from_helm.keys().collect::<Vec<_>>(),
+            ours.keys().collect::<Vec<_>>(),
+            "{what}: helm's objects and the renderer's"
+        );
+        // The config files inside the ConfigMaps by what they hold: the renderer's
+        // `toYaml` prints valid YAML, not go-yaml's exact characters.
+        let text_from_helm = from_helm.clone();
+        let (from_helm, ours) = (config_data_parsed(&from_helm), config_data_parsed(&ours));
+        for (id, h) in &from_helm {
+            let mine = &ours[id];
+            if h == mine {
+                continue;
+            }
+            let mut diffs = Vec::new();
+            k8s::diff(h, mine, id, &mut diffs);
+            let show = |v: &Value| serde_saphyr::to_string(v).unwrap_or_else(|e| e.to_string());
+            panic!(
+                "{what}: helm {} and the renderer differ first in {id}:\n{}\n\
+                 (\"only in the input\": helm's only; \"after the round trip\": the \
+                 renderer's only)\n--- helm:\n{}\n--- renderer:\n{}",
+                helm.version(),
+                diffs.join("\n"),
+                show(h),
+                show(mine)
+            );
+        }
+        // Rendered with helm, the config files load.
+        let text = |id: &str, file: &str| {
+            text_from_helm[id]["data"][file]
+                .as_str()
+                .unwrap_or_else(|| panic!("{what}: {id} has no {file}"))
+                .to_owned()
+        };
+        let prefix = values["fullnameOverride"]
+            .as_str()
+            .filter(|p| !p.is_empty())
+            .unwrap_or(release)
+            .to_owned();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let agent_file = dir.path().join("agent.yaml");
+        std::fs::write(
+            &agent_file,
+            text(&format!("ConfigMap/{prefix}-agent"), "agent.yaml"),
+        )
+        .expect("write");
+        let env = BTreeMap::from([
+            ("WARDEN_CONTROLLER_URL", "http://controller:9460".to_owned()),
+            ("WARDEN_LISTEN", "127.0.0.1:9461".to_owned()),
+        ]);
+        warden_agent::config::AgentConfig::load(
+            Some(&agent_file),
+            |k| env.get(k).cloned(),
+            &warden_agent::config::Overrides {
+                node_name: Some(NODE_NAME.into()),
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{what}: helm's agent.yaml is refused: {e}"));
+        let ctl_file = dir.path().join("controller.yaml");
+        std::fs::write(
+            &ctl_file,
+            text(&format!("ConfigMap/{prefix}-controller"), "controller.yaml"),
+        )
+        .expect("write");
+        warden_controller::config::ControllerConfig::load(
+            Some(&ctl_file),
+            |_| None,
+            &warden_controller::config::Overrides::default(),
+        )
+        .unwrap_or_else(|e| panic!("{what}: helm's controller.yaml is refused: {e}"));
+
+        // NOTES.txt, as an install shows it.
+        let (ok, out, err) = helm.run(&[
+            "install".as_ref(),
+            release.as_ref(),
+            chart.as_os_str(),
+            "--dry-run=client".as_ref(),
+            "--namespace".as_ref(),
+            namespace.as_ref(),
+            "-f".as_ref(),
+            file.as_os_str(),
+        ]);
+        assert!(ok, "helm install --dry-run=client, {what}:\n{err}");
+        let (_, notes) = out
+            .split_once("\nNOTES:\n")
+            .unwrap_or_else(|| panic!("{what}: no NOTES in helm's output:\n{out}"));
+        let expected = renderer
+            .notes(&values, release, namespace)
+            .expect("the chart has NOTES.txt")
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            notes.trim(),
+            expected.trim(),
+            "{what}: NOTES.txt from helm (left) and the renderer (right)"
+        );
+    }
+}
+
+/// Helm checks values against values.schema.json before it renders anything: a
+/// mistake is refused with the key it is at.
+#[test]
+fn helm_refuses_values_the_schema_refuses_and_names_the_key() {
+    let Some(helm) = Helm::find() else {
+        return;
+    };
+    let chart = chart_dir();
+    for (what, values, says) in [
+        (
+            "a port as text",
+            serde_json::json!({"agent": {"port": "x"}}),
+            "/agent/port",
+        ),
+        (
+            "a negative port",
+            serde_json::json!({"controller": {"port": -1}}),
+            "/controller/port",
+        ),
+        (
+            "a config as text, as the chart took it before",
+            serde_json::json!({"agent": {"config": "controller: {}\n"}}),
+            "/agent/config",
+        ),
+        (
+            "a name that is not a DNS label",
+            serde_json::json!({"nameOverride": "Warden_GPU"}),
+            "/nameOverride",
+        ),
+        (
+            "a misspelt key",
+            serde_json::json!({"agent": {"podResource": {"enabled": false}}}),
+            "podResource",
+        ),
+    ] {
+        let file = helm.values_file("bad", &values);
+        let (ok, out, err) = helm.run(&[
+            "template".as_ref(),
+            RELEASE.as_ref(),
+            chart.as_os_str(),
+            "-f".as_ref(),
+            file.as_os_str(),
+        ]);
+        assert!(!ok, "helm renders {what}:\n{out}");
+        assert!(
+            err.contains("values don't meet the specifications of the schema")
+                && err.contains(says),
+            "{what}: helm's error does not name {says}:\n{err}"
+        );
     }
 }
