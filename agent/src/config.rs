@@ -442,6 +442,11 @@ fn millis(d: Duration) -> Option<u64> {
 }
 
 impl AgentConfig {
+    /// Whether GPU metrics are to carry pod labels (where the kubelet's socket exists).
+    pub fn wants_pod_labels(&self) -> bool {
+        self.pod_resources.enabled && self.nvml.enabled
+    }
+
     /// The effective configuration written as a configuration file, every setting given
     /// (what `--check-config` prints).
     pub fn effective_file(&self) -> ConfigFile {

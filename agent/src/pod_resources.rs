@@ -333,7 +333,7 @@ fn decode_message(mut body: Bytes) -> Result<ListPodResourcesResponse, PodResour
     Ok(prost::Message::decode(body)?)
 }
 
-/// Poll `client` every `interval` until `stop` turns true, keeping `pods` current.
+/// Poll `client` every `interval`, keeping `pods` current, until the task is aborted.
 /// Reports itself through `set_up` (`true` after a good reply, `false` after a failed
 /// one); a failure keeps the last assignment, since pods outlive a kubelet restart.
 pub async fn poll(
@@ -342,7 +342,6 @@ pub async fn poll(
     resources: Vec<String>,
     pods: SharedGpuPods,
     set_up: impl Fn(bool) + Send + 'static,
-    mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut failing = false;
     loop {
@@ -373,10 +372,7 @@ pub async fn poll(
                 failing = true;
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
+        tokio::time::sleep(interval).await;
     }
 }
 

@@ -55,7 +55,7 @@ pub fn preopen(cfg: &AgentConfig, now_ns: i64) -> Preopened {
             .capture
             .enabled
             .then(|| crate::capture::bind(&cfg.capture.socket)),
-        pod_resources: (cfg.pod_resources.enabled && cfg.pod_resources.socket.exists())
+        pod_resources: (cfg.wants_pod_labels() && cfg.pod_resources.socket.exists())
             .then(|| UnixStream::connect(&cfg.pod_resources.socket)),
     }
 }

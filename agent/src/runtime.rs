@@ -238,13 +238,12 @@ fn start_pod_resources(
     cfg: &AgentConfig,
     opened: Option<std::io::Result<std::os::unix::net::UnixStream>>,
     shared: &Shared,
-    stop: watch::Receiver<bool>,
 ) -> (
     Option<crate::pod_resources::SharedGpuPods>,
     Option<tokio::task::JoinHandle<()>>,
 ) {
     let pc = &cfg.pod_resources;
-    if !pc.enabled || !cfg.nvml.enabled {
+    if !cfg.wants_pod_labels() {
         return (None, None);
     }
     if opened.is_none() && !pc.socket.exists() {
@@ -272,7 +271,6 @@ fn start_pod_resources(
         pc.resources.clone(),
         pods.clone(),
         move |up| s.set_up("pod_resources", up),
-        stop,
     ));
     tracing::info!(socket = %pc.socket.display(), "reading GPU pod assignments from the kubelet");
     (Some(pods), Some(task))
@@ -350,8 +348,7 @@ pub async fn run_preopened(
         pod_resources,
     } = preopened;
     threads.extend(start_kmsg(&cfg, kmsg, &shared, &boot_id));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let (pods, pods_task) = start_pod_resources(&cfg, pod_resources, &shared, stop_rx.clone());
+    let (pods, pods_task) = start_pod_resources(&cfg, pod_resources, &shared);
     threads.extend(crate::collectors::start(&cfg, &shared, &registry, pods));
     let progress = crate::progress::Progress::default();
     threads.extend(crate::capture::start(
@@ -362,6 +359,7 @@ pub async fn run_preopened(
     ));
     threads.extend(crate::nccl::start(&cfg.capture, &shared, &progress));
 
+    let (stop_tx, stop_rx) = watch::channel(false);
     let shipper = match &cfg.ship.url {
         Some(url) => {
             let transport = HttpTransport::new(
@@ -410,10 +408,10 @@ pub async fn run_preopened(
     for t in threads {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
-    let _ = stop_tx.send(true);
     if let Some(t) = pods_task {
         t.abort();
     }
+    let _ = stop_tx.send(true);
     if let Some(s) = shipper {
         let _ = s.await;
     }

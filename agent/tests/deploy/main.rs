@@ -102,11 +102,16 @@ fn render(values: &Value) -> Vec<(String, String)> {
         .unwrap_or_else(|e| panic!("rendering the chart: {e}"))
 }
 
-fn chart() -> Vec<Obj> {
-    render(&chart_values())
+/// The objects the chart renders with `values` (release RELEASE, namespace NAMESPACE).
+fn rendered_objects(values: &Value) -> Vec<Obj> {
+    render(values)
         .iter()
-        .flat_map(|(name, text)| yaml_objects(text, &format!("chart templates/{name}")))
+        .flat_map(|(n, t)| yaml_objects(t, &format!("chart templates/{n}")))
         .collect()
+}
+
+fn chart() -> Vec<Obj> {
+    rendered_objects(&chart_values())
 }
 
 /// Every object typed strictly; panics listing every object that is not.
@@ -321,12 +326,7 @@ fn chart_options_render_valid_objects() {
     v["serviceMonitor"]["labels"] = serde_json::json!({"release": "prometheus"});
     v["alerts"]["prometheusRule"]["labels"] = serde_json::json!({"release": "prometheus"});
     v["networkPolicy"]["enabled"] = false.into();
-    let objs = typed(
-        render(&v)
-            .iter()
-            .flat_map(|(n, t)| yaml_objects(t, n))
-            .collect(),
-    );
+    let objs = typed(rendered_objects(&v));
     let kinds: BTreeSet<&str> = objs.iter().map(|(o, _)| o.kind()).collect();
     assert!(
         !kinds.contains("ClusterRole") && !kinds.contains("NetworkPolicy"),
@@ -387,11 +387,7 @@ fn chart_options_render_valid_objects() {
     v["controller"]["nodeSelector"] = serde_json::json!({"node-role/infra": "true"});
     v["controller"]["tolerations"] =
         serde_json::json!([{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}]);
-    let rendered = render(&v);
-    let raw: Vec<Obj> = rendered
-        .iter()
-        .flat_map(|(n, t)| yaml_objects(t, n))
-        .collect();
+    let raw = rendered_objects(&v);
     let objs = typed(raw.clone());
     for (who, kind, name) in [
         ("agent", "DaemonSet", "warden-agent"),
@@ -456,12 +452,7 @@ fn chart_options_render_valid_objects() {
     let mut v = chart_values();
     v["serviceMonitor"]["enabled"] = false.into();
     v["alerts"]["prometheusRule"]["enabled"] = false.into();
-    let objs = typed(
-        render(&v)
-            .iter()
-            .flat_map(|(n, t)| yaml_objects(t, n))
-            .collect(),
-    );
+    let objs = typed(rendered_objects(&v));
     assert!(
         objs.iter()
             .all(|(o, _)| !matches!(o.kind(), "ServiceMonitor" | "PrometheusRule")),
@@ -477,10 +468,7 @@ fn chart_names_follow_fullname_override_and_service_accounts_can_be_brought() {
         "create": false, "name": "platform-sa", "annotations": {}
     });
     v["agent"]["serviceAccount"]["annotations"] = serde_json::json!({"example.com/owner": "infra"});
-    let raw: Vec<Obj> = render(&v)
-        .iter()
-        .flat_map(|(n, t)| yaml_objects(t, n))
-        .collect();
+    let raw = rendered_objects(&v);
     let objs = typed(raw.clone());
     for o in &raw {
         let name = o.name();
@@ -533,14 +521,6 @@ fn chart_names_follow_fullname_override_and_service_accounts_can_be_brought() {
             o.id()
         );
     }
-}
-
-/// The objects the chart renders with `values` (release RELEASE, namespace NAMESPACE).
-fn rendered_objects(values: &Value) -> Vec<Obj> {
-    render(values)
-        .iter()
-        .flat_map(|(n, t)| yaml_objects(t, &format!("chart templates/{n}")))
-        .collect()
 }
 
 #[test]
@@ -691,12 +671,7 @@ fn rule_file() -> Value {
 
 /// The rule groups of the chart's PrometheusRule rendered with `values`.
 fn chart_rule_groups(values: &Value) -> Value {
-    let objs = typed(
-        render(values)
-            .iter()
-            .flat_map(|(n, t)| yaml_objects(t, &format!("chart templates/{n}")))
-            .collect(),
-    );
+    let objs = typed(rendered_objects(values));
     let rules: Vec<&Obj> = objs
         .iter()
         .filter(|(o, _)| o.kind() == "PrometheusRule")
@@ -1313,21 +1288,11 @@ fn every_container_runs_locked_down_and_as_a_non_root_user() {
     v["agent"]["hostNetwork"] = true.into();
     v["agent"]["ncclSegments"] = false.into();
     v["controller"]["automountServiceAccountToken"] = false.into();
-    let objs = typed(
-        render(&v)
-            .iter()
-            .flat_map(|(n, t)| yaml_objects(t, n))
-            .collect(),
-    );
+    let objs = typed(rendered_objects(&v));
     assert_eq!(check_lockdown("the chart with options", &objs), 2);
     // Without file capabilities the agent adds none and cannot escalate.
     v["agent"]["fileCapabilities"] = false.into();
-    let objs = typed(
-        render(&v)
-            .iter()
-            .flat_map(|(n, t)| yaml_objects(t, n))
-            .collect(),
-    );
+    let objs = typed(rendered_objects(&v));
     assert_eq!(
         check_lockdown("the chart without file capabilities", &objs),
         2
