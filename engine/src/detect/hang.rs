@@ -311,9 +311,28 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
 
     if culprits.is_empty() && stalls.iter().any(|s| !s.missing.is_empty()) {
         // Those the waiters wait for may be stuck inside an earlier collective that
-        // completed on other members; otherwise someone is late but not (yet) away long
-        // enough to be called hung.
-        return partial(w, &stalls).into_iter().collect();
+        // completed on other members.
+        if let Some(v) = partial(w, &stalls) {
+            return vec![v];
+        }
+        // Or the chain ends inside a collective that every member entered and none
+        // completed (a pipeline stage all-reducing with a stopped peer, while the other
+        // stage waits on a receive from it): that stall is the hang, judged below.
+        // Otherwise someone is late but not (yet) away long enough to be called hung.
+        let held_in: Vec<(u32, u64)> = stalls
+            .iter()
+            .flat_map(|s| &s.missing)
+            .filter_map(|&r| job.blocked_in(r))
+            .collect();
+        stalls.retain(|s| {
+            s.missing.is_empty()
+                && held_in
+                    .iter()
+                    .any(|&(ci, seq)| seq == s.seq && std::ptr::eq(s.comm, &job.comms[ci as usize]))
+        });
+        if stalls.is_empty() {
+            return vec![];
+        }
     }
     if culprits.is_empty() {
         // Everyone entered, nobody finished: the fault is inside the collective (a GPU

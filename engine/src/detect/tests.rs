@@ -160,6 +160,20 @@ impl Job {
         );
     }
 
+    /// Rank `p.rank`'s node reports its process state `p` at `t`.
+    fn process(&mut self, p: ProcessState, t: f64) {
+        self.send(
+            self.node_of(p.rank),
+            t,
+            JobSignals {
+                job: "j".into(),
+                processes: vec![p],
+                ..Default::default()
+            },
+            vec![],
+        );
+    }
+
     fn metric(&mut self, r: u32, step: u64, t: f64, loss: f64, grad: f64) {
         self.checked_metric(r, step, t, loss, grad, None);
     }
@@ -275,6 +289,20 @@ fn check(job: &Job, kind: IncidentKind, now: f64, expect: Option<&[u32]>) {
 
 /// `nranks` ranks in one communicator, seq 1..=9 completed together every second,
 /// after 60 earlier collectives (so the learned bound is trusted).
+/// Rank `r`'s process, alive and stopped (SIGSTOP) since `t`.
+fn stopped_at(r: u32, t: f64) -> ProcessState {
+    ProcessState {
+        rank: r,
+        pid: 100 + r,
+        at_ns: ns(t),
+        alive: true,
+        exit_code: None,
+        signal: None,
+        stopped: true,
+        from_log: false,
+    }
+}
+
 fn steady(nranks: u32) -> Job {
     let mut j = Job::new(nranks, 1);
     // A long quiet history in a communicator of the same kind.
@@ -458,26 +486,8 @@ fn hang_with_everyone_inside_names_a_stopped_process() {
     for r in 0..4 {
         j.coll(7, r, 10, 10.0, None);
     }
-    let stopped = ProcessState {
-        rank: 2,
-        pid: 102,
-        at_ns: ns(10.2),
-        alive: true,
-        exit_code: None,
-        signal: None,
-        stopped: true,
-        from_log: false,
-    };
-    j.send(
-        j.node_of(2),
-        10.5,
-        JobSignals {
-            job: "j".into(),
-            processes: vec![stopped.clone()],
-            ..Default::default()
-        },
-        vec![],
-    );
+    let stopped = stopped_at(2, 10.2);
+    j.process(stopped.clone(), 10.5);
     j.heartbeats(13.0);
     let f = j.findings(IncidentKind::Hang, 13.0);
     assert_eq!(f.len(), 1, "{f:?}");
@@ -486,23 +496,78 @@ fn hang_with_everyone_inside_names_a_stopped_process() {
     assert!(f[0].summary.contains("stopped"), "{}", f[0].summary);
 
     // Continued: the stopped process no longer explains the hang.
-    j.send(
-        j.node_of(2),
-        13.5,
-        JobSignals {
-            job: "j".into(),
-            processes: vec![ProcessState {
-                stopped: false,
-                at_ns: ns(13.5),
-                ..stopped
-            }],
-            ..Default::default()
+    j.process(
+        ProcessState {
+            stopped: false,
+            at_ns: ns(13.5),
+            ..stopped
         },
-        vec![],
+        13.5,
     );
     j.heartbeats(14.0);
     let f = j.findings(IncidentKind::Hang, 14.0);
     assert!(f[0].ranks.is_empty(), "{f:?}");
+}
+
+/// A two-stage pipeline of four ranks: stages {0, 1} and {2, 3} all-reduce their
+/// gradients in comms 5 and 6; activations go 0 → 2 and 1 → 3 (comms 20 and 21) and
+/// their gradients come back, by send and recv. Forty steps of 0.5 s end at 0.5.
+fn pipeline() -> Job {
+    let mut j = Job::new(4, 1);
+    for step in 1..=40u64 {
+        let t = step as f64 * 0.5 - 19.5;
+        for (c, first, last) in [(20, 0, 2), (21, 1, 3)] {
+            j.coll_op(c, first, 2 * step - 1, t, Some(t + 0.01), CollOp::Send);
+            j.coll_op(c, last, 2 * step - 1, t, Some(t + 0.01), CollOp::Recv);
+            j.coll_op(c, last, 2 * step, t + 0.2, Some(t + 0.21), CollOp::Send);
+            j.coll_op(c, first, 2 * step, t + 0.02, Some(t + 0.21), CollOp::Recv);
+        }
+        for (c, ranks) in [(5, [0, 1]), (6, [2, 3])] {
+            for r in ranks {
+                j.coll(c, r, step, t + 0.3, Some(t + 0.35));
+            }
+        }
+    }
+    j
+}
+
+#[test]
+fn a_stopped_stage_stays_the_hang_once_the_other_stage_waits_on_its_receives() {
+    // Step 41: rank 3 stops inside its stage's all-reduce, which rank 2 entered too.
+    // Stage 0 finishes the step and, in step 42, sends and then waits to receive the
+    // gradients that neither rank 2 nor rank 3 will ever send.
+    let mut j = pipeline();
+    let t = 20.5;
+    for (c, first, last) in [(20, 0, 2), (21, 1, 3)] {
+        j.coll_op(c, first, 81, t, Some(t + 0.01), CollOp::Send);
+        j.coll_op(c, last, 81, t, Some(t + 0.01), CollOp::Recv);
+        j.coll_op(c, last, 82, t + 0.2, Some(t + 0.21), CollOp::Send);
+        j.coll_op(c, first, 82, t + 0.02, Some(t + 0.21), CollOp::Recv);
+    }
+    for r in [0, 1] {
+        j.coll(5, r, 41, t + 0.3, Some(t + 0.35));
+    }
+    for r in [2, 3] {
+        j.coll(6, r, 41, t + 0.3, None);
+    }
+    j.process(stopped_at(3, t + 0.35), t + 0.4);
+    for (c, first) in [(20, 0), (21, 1)] {
+        j.coll_op(c, first, 83, t + 0.5, Some(t + 0.51), CollOp::Send);
+        j.coll_op(c, first, 84, t + 0.52, None, CollOp::Recv);
+    }
+    // Named while only the all-reduce has outlasted its bound, and still named, the
+    // same way, once the receives have too.
+    for now in [24.0, 40.0] {
+        j.heartbeats(now);
+        let f = j.findings(IncidentKind::Hang, now);
+        assert_eq!(f.len(), 1, "at {now}: {f:#?}");
+        assert_eq!(f[0].ranks, [3], "at {now}: {}", f[0].summary);
+        assert!(
+            f[0].summary.contains("stopped") && f[0].summary.contains("seq 41"),
+            "at {now}: {}",
+            f[0].summary
+        );
+    }
 }
 
 /// Eight ranks enter seq 10; it completes on ranks 0 and 1 only, which enter seq 11 and
@@ -523,25 +588,7 @@ fn completed_on_two_of_eight() -> Job {
 #[test]
 fn hang_inside_a_collective_that_completed_on_some_names_the_stopped_process() {
     let mut j = completed_on_two_of_eight();
-    j.send(
-        j.node_of(5),
-        10.3,
-        JobSignals {
-            job: "j".into(),
-            processes: vec![ProcessState {
-                rank: 5,
-                pid: 105,
-                at_ns: ns(10.3),
-                alive: true,
-                exit_code: None,
-                signal: None,
-                stopped: true,
-                from_log: false,
-            }],
-            ..Default::default()
-        },
-        vec![],
-    );
+    j.process(stopped_at(5, 10.3), 10.3);
     j.heartbeats(10.5);
     check(&j, IncidentKind::Hang, 10.5, None); // within the bound
     j.heartbeats(12.0);
@@ -1538,16 +1585,7 @@ impl Job {
             stopped: false,
             from_log: true,
         };
-        self.send(
-            self.node_of(r),
-            t,
-            JobSignals {
-                job: "j".into(),
-                processes: vec![p],
-                ..Default::default()
-            },
-            vec![],
-        );
+        self.process(p, t);
     }
 
     fn timeout_verdicts(&self, now: f64) -> Vec<Verdict> {
