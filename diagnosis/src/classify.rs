@@ -434,7 +434,7 @@ impl<'r> Classifier<'r> {
                 .min_by_key(|h| h.line);
             if let Some(hit) = first {
                 for v in hit.blamed(field, rules[hit.rule].role, skip_ray(hit)) {
-                    push_value(values.entry(field).or_default(), normalize(field, v));
+                    push_value(field, values.entry(field).or_default(), normalize(field, v));
                 }
                 if !lines.contains(&hit.line) {
                     lines.push(hit.line);
@@ -466,7 +466,7 @@ impl<'r> Classifier<'r> {
                 .min_by_key(|(d, line, _)| (*d, *line));
             if let Some((_, line, hit)) = nearest {
                 for v in hit.get(field) {
-                    push_value(values.entry(field).or_default(), normalize(field, v));
+                    push_value(field, values.entry(field).or_default(), normalize(field, v));
                 }
                 if !lines.contains(&line) {
                     lines.push(line);
@@ -534,9 +534,11 @@ const CULPRIT_FIELDS: [Field; 11] = [
     Field::Worker,
 ];
 
-fn push_value(list: &mut Vec<String>, value: String) {
-    // An unspecified address (Ray's `ip=0.0.0.0`) names no place.
-    if value == "0.0.0.0" || value == "::" {
+fn push_value(field: Field, list: &mut Vec<String>, value: String) {
+    // An unspecified address (Ray's `ip=0.0.0.0`) names no place, nor does pid 0
+    // (`mpirun noticed that process rank 3 with PID 0 on node ...`: Open MPI's report
+    // when it does not know the pid).
+    if value == "0.0.0.0" || value == "::" || (field == Field::Pid && value == "0") {
         return;
     }
     if list.len() < MAX_VALUES && !list.contains(&value) {
@@ -673,6 +675,16 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
         out.push((Field::Rank, rank.to_string()));
     }
     let mut text = line.text.trim_start();
+    // A launcher's own prefix ahead of everything else: pdsh's `host: ` (DeepSpeed's
+    // multi-node launcher) and Open MPI's `--tag-output` `[jobid,rank]<stream>:`.
+    if let Some((host, rest)) = pdsh_prefix(text) {
+        out.push((Field::Host, host.to_owned()));
+        text = rest;
+    }
+    if let Some((rank, rest)) = mpi_tag(text) {
+        out.push((Field::Rank, rank.to_owned()));
+        text = rest;
+    }
     // torchrun's `--tee` tags: `[rankN]:` names the global rank, `[default0]:` (the
     // role and the local rank) the local rank; they stack (`[default0]:[rank28]:`).
     while let Some((tag, rest)) = text
@@ -777,6 +789,37 @@ fn ray_origin(text: &str) -> Vec<(Field, String)> {
         }
         _ => Vec::new(),
     }
+}
+
+/// pdsh's `host: ` prefix (`worker-3: [rank14]: Traceback ...`, `sx4kq27: E0912
+/// 09:06:17.402615 1942455 file.cc:414] ...`): a host name with a digit or a dash, in
+/// lower case, then `: ` and a bracket or a glog header, so that an exception's
+/// `Name: ` never passes for one. The host and the text after the prefix.
+fn pdsh_prefix(text: &str) -> Option<(&str, &str)> {
+    let (host, rest) = text.split_once(": ")?;
+    let glog = rest.len() > 6
+        && matches!(rest.as_bytes()[0], b'I' | b'W' | b'E' | b'F')
+        && rest.as_bytes()[1..5].iter().all(u8::is_ascii_digit)
+        && rest.as_bytes()[5] == b' ';
+    (host.len() <= 64
+        && is_hostname(host)
+        && host.bytes().any(|b| b.is_ascii_digit() || b == b'-')
+        && host.bytes().any(|b| b.is_ascii_lowercase())
+        && !host.bytes().any(|b| b.is_ascii_uppercase())
+        && (rest.starts_with('[') || glog))
+        .then_some((host, rest))
+}
+
+/// Open MPI's `--tag-output` prefix, `[1,12]<stderr>:` (job id, rank, stream): the rank
+/// and the text after the prefix.
+fn mpi_tag(text: &str) -> Option<(&str, &str)> {
+    let (inside, rest) = text.strip_prefix('[')?.split_once(']')?;
+    let (job, rank) = inside.split_once(',')?;
+    let rest = rest
+        .strip_prefix("<stdout>:")
+        .or_else(|| rest.strip_prefix("<stderr>:"))
+        .or_else(|| rest.strip_prefix(':'))?;
+    (numeric(job) && numeric(rank) && rank.len() <= 9).then_some((rank, rest))
 }
 
 /// The rank of a `[Rank N]` or `[PG ... Rank N]` tag in `text`.
@@ -989,6 +1032,46 @@ mod tests {
             vec![(Field::Host, "gpu-node-15".to_owned())]
         );
         assert!(origin(&line("2025-02-11 09:03:52 DEBUG:filelock:x")).is_empty());
+        // Open MPI's `--tag-output` ahead of a `[host:pid]` or an NCCL prefix.
+        assert_eq!(
+            origin(&line(
+                "[1,12]<stderr>:[spark-exec-07:30926] Signal: Segmentation fault (11)"
+            )),
+            vec![
+                (Field::Rank, "12".to_owned()),
+                (Field::Host, "spark-exec-07".to_owned()),
+                (Field::Pid, "30926".to_owned())
+            ]
+        );
+        assert_eq!(
+            origin(&line(
+                "[1,19]<stdout>:ip-10-2-7-8:7331:7415 [3] NCCL WARN x"
+            )),
+            vec![
+                (Field::Rank, "19".to_owned()),
+                (Field::Host, "ip-10-2-7-8".to_owned()),
+                (Field::Pid, "7331".to_owned()),
+                (Field::Gpu, "3".to_owned())
+            ]
+        );
+        // pdsh's host prefix, ahead of torchrun's tag; an exception's name is no host.
+        assert_eq!(
+            origin(&line(
+                "worker-3: [rank14]: torch.OutOfMemoryError: CUDA out of memory"
+            )),
+            vec![
+                (Field::Host, "worker-3".to_owned()),
+                (Field::Rank, "14".to_owned())
+            ]
+        );
+        assert_eq!(
+            origin(&line(
+                "sx4kq27: E0912 09:06:17.402615 1942455 alloc.cc:414] x"
+            )),
+            vec![(Field::Host, "sx4kq27".to_owned())]
+        );
+        assert!(origin(&line("RuntimeError: [/opt/gloo/pair.cc:589] Read error")).is_empty());
+        assert!(origin(&line("error: [Errno 2] No such file or directory")).is_empty());
     }
 
     #[test]
