@@ -521,7 +521,11 @@ fn d_a_clean_run_has_no_incident_and_no_action() {
         return;
     };
     let mut l = FullLoop::start(&tools);
-    let (job, _) = start_job(&mut l, &["--steps", "120"]);
+    // Each step's compute is mostly a wait on the device (a sleep), as in a GPU job.
+    // With the 50 ms default most of a step is the ranks' own CPU work, and on two busy
+    // cores one rank can run 1.3x slower for many steps: a real straggler, not a clean
+    // run.
+    let (job, _) = start_job(&mut l, &["--steps", "120", "--compute-ms", "250"]);
     let done = wait(&l, &job, "the job finished", START_LIMIT, || {
         l.slurm.job(job.id).filter(|j| j.finished())
     });
