@@ -130,10 +130,17 @@ fn the_controller_sees_slurm_jobs_start_and_end() {
 
     // How a job ended reaches the controller: the batch script's exit code, the signal
     // that killed it, and the worst step's exit code when the script itself went on.
+    // slurmctld counts a step's exit code into the job's derived one when the step's
+    // completion message reaches it, which on a busy machine can be after the batch
+    // script has ended and the end hook has run: the script goes on a while after its
+    // failed step, as a real one does.
     let endings = [
         ("exit 3", serde_json::json!([3, null, 0, null])),
         ("kill -9 $$", serde_json::json!([null, 9, 0, null])),
-        ("srun false; exit 0", serde_json::json!([0, null, 1, null])),
+        (
+            "srun false; sleep 2; exit 0",
+            serde_json::json!([0, null, 1, null]),
+        ),
     ];
     for (script, want) in &endings {
         let id = cluster.sbatch(&["--wrap", script]);
