@@ -1032,44 +1032,41 @@ mod tests {
             vec![(Field::Host, "gpu-node-15".to_owned())]
         );
         assert!(origin(&line("2025-02-11 09:03:52 DEBUG:filelock:x")).is_empty());
-        // Open MPI's `--tag-output` ahead of a `[host:pid]` or an NCCL prefix.
-        assert_eq!(
-            origin(&line(
-                "[1,12]<stderr>:[spark-exec-07:30926] Signal: Segmentation fault (11)"
-            )),
-            vec![
-                (Field::Rank, "12".to_owned()),
-                (Field::Host, "spark-exec-07".to_owned()),
-                (Field::Pid, "30926".to_owned())
-            ]
-        );
-        assert_eq!(
-            origin(&line(
-                "[1,19]<stdout>:ip-10-2-7-8:7331:7415 [3] NCCL WARN x"
-            )),
-            vec![
-                (Field::Rank, "19".to_owned()),
-                (Field::Host, "ip-10-2-7-8".to_owned()),
-                (Field::Pid, "7331".to_owned()),
-                (Field::Gpu, "3".to_owned())
-            ]
-        );
-        // pdsh's host prefix, ahead of torchrun's tag; an exception's name is no host.
-        assert_eq!(
-            origin(&line(
-                "worker-3: [rank14]: torch.OutOfMemoryError: CUDA out of memory"
-            )),
-            vec![
-                (Field::Host, "worker-3".to_owned()),
-                (Field::Rank, "14".to_owned())
-            ]
-        );
-        assert_eq!(
-            origin(&line(
-                "sx4kq27: E0912 09:06:17.402615 1942455 alloc.cc:414] x"
-            )),
-            vec![(Field::Host, "sx4kq27".to_owned())]
-        );
+        // A launcher's prefix ahead of the other forms: Open MPI's `--tag-output`, pdsh's
+        // host (before a bracket or a glog header).
+        let launcher_prefixed: [(&str, &[(Field, &str)]); 4] = [
+            (
+                "[1,12]<stderr>:[spark-exec-07:30926] Signal: Segmentation fault (11)",
+                &[
+                    (Field::Rank, "12"),
+                    (Field::Host, "spark-exec-07"),
+                    (Field::Pid, "30926"),
+                ],
+            ),
+            (
+                "[1,19]<stdout>:ip-10-2-7-8:7331:7415 [3] NCCL WARN x",
+                &[
+                    (Field::Rank, "19"),
+                    (Field::Host, "ip-10-2-7-8"),
+                    (Field::Pid, "7331"),
+                    (Field::Gpu, "3"),
+                ],
+            ),
+            (
+                "worker-3: [rank14]: torch.OutOfMemoryError: CUDA out of memory",
+                &[(Field::Host, "worker-3"), (Field::Rank, "14")],
+            ),
+            (
+                "sx4kq27: E0912 09:06:17.402615 1942455 alloc.cc:414] x",
+                &[(Field::Host, "sx4kq27")],
+            ),
+        ];
+        for (text, want) in launcher_prefixed {
+            let want: Vec<(Field, String)> =
+                want.iter().map(|(f, v)| (*f, (*v).to_owned())).collect();
+            assert_eq!(origin(&line(text)), want, "{text}");
+        }
+        // An exception's name is no host.
         assert!(origin(&line("RuntimeError: [/opt/gloo/pair.cc:589] Read error")).is_empty());
         assert!(origin(&line("error: [Errno 2] No such file or directory")).is_empty());
     }
