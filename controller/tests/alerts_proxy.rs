@@ -17,8 +17,8 @@ use axum::routing::post;
 use warden_controller::alerts::{self, AlertsConfig, SecretUrl, WebhookConfig};
 use warden_controller::metrics::Metrics;
 use warden_engine::Change;
-use warden_http::testing::ProxyDouble;
 use warden_model::Incident;
+use warden_testkit::proxy::ProxyDouble;
 use warden_testkit::{PATIENCE, scaled, wait_for_async};
 
 mod support;

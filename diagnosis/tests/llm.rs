@@ -18,7 +18,7 @@ use warden_diagnosis::llm::http::completions_url;
 use warden_diagnosis::llm::{HyperTransport, LlmConfig, LlmDiagnoser, LlmError, Outcome};
 use warden_diagnosis::{Category, Culprit, Diagnosis, EvidenceLine, FaultLocus};
 use warden_http::Proxies;
-use warden_http::testing::ProxyDouble;
+use warden_testkit::proxy::ProxyDouble;
 use warden_testkit::{PATIENCE, poll_async, scaled, wait_for_async};
 
 /// One scripted reply of the test server.

@@ -16,8 +16,6 @@ pub mod backoff;
 mod client;
 pub mod proxy;
 pub mod server;
-#[cfg(feature = "testing")]
-pub mod testing;
 pub mod tls;
 
 pub use backoff::Backoff;

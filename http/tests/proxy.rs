@@ -3,10 +3,6 @@
 //! credentials, https:// targets go through `CONNECT` to `HTTPS_PROXY`, and `NO_PROXY`
 //! hosts are reached directly.
 
-#[allow(dead_code)]
-#[path = "../src/testing.rs"]
-mod testing;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use warden_http::{Error, HttpClient, Proxies};
 
-use testing::ProxyDouble;
+use warden_testkit::proxy::ProxyDouble;
 
 /// A server that answers every request `200 origin` and records its request heads.
 struct Origin {

@@ -12,6 +12,7 @@
 
 pub mod pipe;
 pub mod ports;
+pub mod proxy;
 pub mod tools;
 
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! A forward proxy on loopback for tests (feature `testing`): it records the request
+//! A forward proxy on loopback for tests: it records the request
 //! line and headers of every request it is sent, passes absolute-form requests on to
 //! their host, and opens `CONNECT` tunnels, so that a test can tell which requests went
 //! through a proxy and that they still arrived.
