@@ -665,7 +665,8 @@ fn shorten(text: &str, max: usize) -> String {
 /// a `[rankN]:` prefix (torchrun `--tee`/log prefixes), an NCCL `host:pid:tid [gpu]`
 /// prefix (also behind a `[date time]` stamp), an Open MPI, Horovod or UCX
 /// `[host:pid]` / `[host:pid:thread:tid]` prefix, a Ray `(Actor pid=N, ip=A)` prefix, a
-/// syslog `Mon DD HH:MM:SS host kernel:` prefix.
+/// syslog `Mon DD HH:MM:SS host kernel:` prefix; behind a launcher's prefix (pdsh, srun, TorchX,
+/// Open MPI).
 fn origin(line: &LogLine) -> Vec<(Field, String)> {
     let mut out = Vec::new();
     if let Some(node) = &line.node {
@@ -676,9 +677,15 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
     }
     let mut text = line.text.trim_start();
     // A launcher's own prefix ahead of everything else: pdsh's `host: ` (DeepSpeed's
-    // multi-node launcher) and Open MPI's `--tag-output` `[jobid,rank]<stream>:`.
+    // multi-node launcher), srun's `--label` task number, and Open MPI's `--tag-output`
+    // `[jobid,rank]<stream>:`. pdsh's host is the name it was given for the node; an
+    // NCCL prefix after it names the host the process runs on, which wins.
+    let mut launcher_host = None;
     if let Some((host, rest)) = pdsh_prefix(text) {
-        out.push((Field::Host, host.to_owned()));
+        launcher_host = Some(host);
+        text = rest;
+    }
+    if let Some(rest) = srun_label(text).or_else(|| replica_tag(text)) {
         text = rest;
     }
     if let Some((rank, rest)) = mpi_tag(text) {
@@ -717,25 +724,10 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
     {
         out.push((Field::Rank, rank.to_owned()));
     }
-    let unstamped = strip_stamp(text);
-    let mut tokens = unstamped.split_whitespace();
-    if let (Some(first), Some(second)) = (tokens.next(), tokens.next()) {
-        let parts: Vec<&str> = first.split(':').collect();
-        if let [host, pid, tid] = parts.as_slice() {
-            let gpu = second
-                .strip_prefix('[')
-                .and_then(|s| s.strip_suffix(']'))
-                .filter(|g| numeric(g));
-            if let Some(gpu) = gpu
-                && numeric(pid)
-                && numeric(tid)
-                && is_hostname(host)
-            {
-                out.push((Field::Host, (*host).to_owned()));
-                out.push((Field::Pid, (*pid).to_owned()));
-                out.push((Field::Gpu, gpu.to_owned()));
-            }
-        }
+    if let Some((host, pid, gpu)) = nccl_prefix(strip_stamp(text)) {
+        out.push((Field::Host, host.to_owned()));
+        out.push((Field::Pid, pid.to_owned()));
+        out.push((Field::Gpu, gpu.to_owned()));
     }
     // Open MPI's, Horovod's and UCX's `[host:pid]` prefix (`[gpu-node-3:48211] ***
     // Process received signal ***`, `[gpu-node-3:48211:0:48290] Caught signal 11`).
@@ -773,7 +765,69 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
     if let Some(host) = syslog_host.filter(|h| is_hostname(h)) {
         out.push((Field::Host, host.to_owned()));
     }
+    if let Some(host) = launcher_host
+        && !out.iter().any(|(f, _)| *f == Field::Host)
+    {
+        out.push((Field::Host, host.to_owned()));
+    }
     out
+}
+
+/// NCCL's `host:pid:tid [cuda-device]` prefix: the host, pid and device. It may follow
+/// time stamps (`kubectl logs --timestamps`, a log viewer's `| 2024-11-28T07:42:11Z |`
+/// columns) and be glued to a launcher's `[N]` (`[15]worker-23:83:2526 [0]`).
+fn nccl_prefix(text: &str) -> Option<(&str, &str, &str)> {
+    let mut tokens = text.split_whitespace().peekable();
+    // Skip at most four stamp tokens: digits and the punctuation of dates and times.
+    for _ in 0..4 {
+        let stamp = tokens.peek().is_some_and(|t| {
+            t.bytes()
+                .all(|b| b.is_ascii_digit() || b"|-:.,TZ/+".contains(&b))
+        });
+        if !stamp {
+            break;
+        }
+        tokens.next();
+    }
+    let first = tokens.next()?;
+    let second = tokens.next()?;
+    // A launcher's `[N]` glued to the host.
+    let first = match first.strip_prefix('[').and_then(|r| r.split_once(']')) {
+        Some((n, rest)) if numeric(n) && !rest.is_empty() => rest,
+        _ => first,
+    };
+    let gpu = second
+        .strip_prefix('[')
+        .and_then(|s| s.strip_suffix(']'))
+        .filter(|g| numeric(g))?;
+    let mut parts = first.split(':');
+    let (host, pid, tid) = (parts.next()?, parts.next()?, parts.next()?);
+    (parts.next().is_none() && numeric(pid) && numeric(tid) && is_hostname(host))
+        .then_some((host, pid, gpu))
+}
+
+/// TorchX's `role/replica ` prefix (NeMo-Run's jobs: `i.pretrain/0 [default2]:[rank2]:
+/// ...`) ahead of a bracketed tag: the text after it. The replica numbers a node's
+/// worker group, not a rank.
+fn replica_tag(text: &str) -> Option<&str> {
+    let (tag, rest) = text.split_once(' ')?;
+    let (role, replica) = tag.rsplit_once('/')?;
+    (numeric(replica)
+        && !role.is_empty()
+        && role.len() <= 64
+        && role
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && rest.starts_with('['))
+    .then_some(rest)
+}
+
+/// srun's `--label` prefix, `12: ` (the task number), ahead of a bracketed tag
+/// (`0: [rank0]: Traceback ...`): the text after it. The task number is not taken as a
+/// rank: under torchrun it numbers nodes, and the tag after it names the rank.
+fn srun_label(text: &str) -> Option<&str> {
+    let (task, rest) = text.split_once(": ")?;
+    (numeric(task) && task.len() <= 6 && rest.starts_with('[')).then_some(rest)
 }
 
 /// What a Ray log prefix says about where a line came from: the printer's pid and
@@ -792,9 +846,10 @@ fn ray_origin(text: &str) -> Vec<(Field, String)> {
 }
 
 /// pdsh's `host: ` prefix (`worker-3: [rank14]: Traceback ...`, `sx4kq27: E0912
-/// 09:06:17.402615 1942455 file.cc:414] ...`): a host name with a digit or a dash, in
-/// lower case, then `: ` and a bracket or a glog header, so that an exception's
-/// `Name: ` never passes for one. The host and the text after the prefix.
+/// 09:06:17.402615 1942455 file.cc:414] ...`, `node01: gpu-vm-14:106:196 [0] NCCL
+/// WARN ...`): a host name with a digit or a dash, in lower case, then `: ` and a
+/// bracket, a glog header or an NCCL prefix, so that an exception's `Name: ` never
+/// passes for one. The host and the text after the prefix.
 fn pdsh_prefix(text: &str) -> Option<(&str, &str)> {
     let (host, rest) = text.split_once(": ")?;
     let glog = rest.len() > 6
@@ -806,8 +861,8 @@ fn pdsh_prefix(text: &str) -> Option<(&str, &str)> {
         && host.bytes().any(|b| b.is_ascii_digit() || b == b'-')
         && host.bytes().any(|b| b.is_ascii_lowercase())
         && !host.bytes().any(|b| b.is_ascii_uppercase())
-        && (rest.starts_with('[') || glog))
-        .then_some((host, rest))
+        && (rest.starts_with('[') || glog || nccl_prefix(rest).is_some()))
+    .then_some((host, rest))
 }
 
 /// Open MPI's `--tag-output` prefix, `[1,12]<stderr>:` (job id, rank, stream): the rank
@@ -1033,8 +1088,9 @@ mod tests {
         );
         assert!(origin(&line("2025-02-11 09:03:52 DEBUG:filelock:x")).is_empty());
         // A launcher's prefix ahead of the other forms: Open MPI's `--tag-output`, pdsh's
-        // host (before a bracket or a glog header).
-        let launcher_prefixed: [(&str, &[(Field, &str)]); 4] = [
+        // host (before a bracket, a glog header or an NCCL prefix, whose host wins),
+        // srun's task label; NCCL's prefix behind time stamps or a glued `[N]`.
+        let launcher_prefixed: [(&str, &[(Field, &str)]); 10] = [
             (
                 "[1,12]<stderr>:[spark-exec-07:30926] Signal: Segmentation fault (11)",
                 &[
@@ -1054,11 +1110,51 @@ mod tests {
             ),
             (
                 "worker-3: [rank14]: torch.OutOfMemoryError: CUDA out of memory",
-                &[(Field::Host, "worker-3"), (Field::Rank, "14")],
+                &[(Field::Rank, "14"), (Field::Host, "worker-3")],
             ),
             (
                 "sx4kq27: E0912 09:06:17.402615 1942455 alloc.cc:414] x",
                 &[(Field::Host, "sx4kq27")],
+            ),
+            (
+                "node01: gpu-vm-0-14:108:593 [0] transport/net_ib.cc:816 NCCL WARN x",
+                &[
+                    (Field::Host, "gpu-vm-0-14"),
+                    (Field::Pid, "108"),
+                    (Field::Gpu, "0"),
+                ],
+            ),
+            (
+                "[15]worker-23:83:2526 [0] misc/socket.cc:503 NCCL WARN x",
+                &[
+                    (Field::Host, "worker-23"),
+                    (Field::Pid, "83"),
+                    (Field::Gpu, "0"),
+                ],
+            ),
+            (
+                "  | 2024-11-28T07:42:11.527Z | algo-1:24118:24188 [5] NCCL WARN x",
+                &[
+                    (Field::Host, "algo-1"),
+                    (Field::Pid, "24118"),
+                    (Field::Gpu, "5"),
+                ],
+            ),
+            (
+                "2025-03-01T10:00:02.123456789Z node-3:41:42 [1] NCCL WARN x",
+                &[
+                    (Field::Host, "node-3"),
+                    (Field::Pid, "41"),
+                    (Field::Gpu, "1"),
+                ],
+            ),
+            (
+                "0: [rank0]: RuntimeError: CUDA error",
+                &[(Field::Rank, "0")],
+            ),
+            (
+                "i.pretrain/0 [default2]:[rank2]: torch.OutOfMemoryError: x",
+                &[(Field::LocalRank, "2"), (Field::Rank, "2")],
             ),
         ];
         for (text, want) in launcher_prefixed {
@@ -1069,6 +1165,9 @@ mod tests {
         // An exception's name is no host.
         assert!(origin(&line("RuntimeError: [/opt/gloo/pair.cc:589] Read error")).is_empty());
         assert!(origin(&line("error: [Errno 2] No such file or directory")).is_empty());
+        // A task number before other text, and a time before a colon, are no prefixes.
+        assert!(origin(&line("0: Traceback (most recent call last):")).is_empty());
+        assert!(origin(&line("12:00:01 [3] step 40 loss 2.1")).is_empty());
     }
 
     #[test]
