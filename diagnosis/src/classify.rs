@@ -675,6 +675,8 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
     if let Some(rank) = line.rank {
         out.push((Field::Rank, rank.to_string()));
     }
+    // Where the fields the line's text gives start (after the source's own).
+    let from_text = out.len();
     let mut text = line.text.trim_start();
     // A launcher's own prefix ahead of everything else: pdsh's `host: ` (DeepSpeed's
     // multi-node launcher), srun's `--label` task number, and Open MPI's `--tag-output`
@@ -766,7 +768,7 @@ fn origin(line: &LogLine) -> Vec<(Field, String)> {
         out.push((Field::Host, host.to_owned()));
     }
     if let Some(host) = launcher_host
-        && !out.iter().any(|(f, _)| *f == Field::Host)
+        && !out[from_text..].iter().any(|(f, _)| *f == Field::Host)
     {
         out.push((Field::Host, host.to_owned()));
     }
@@ -1165,6 +1167,20 @@ mod tests {
         // An exception's name is no host.
         assert!(origin(&line("RuntimeError: [/opt/gloo/pair.cc:589] Read error")).is_empty());
         assert!(origin(&line("error: [Errno 2] No such file or directory")).is_empty());
+        // pdsh's host yields only to a host the text names, not to the source's node.
+        let tailed = LogLine {
+            text: "worker-3: [rank14]: x".to_owned(),
+            node: Some("launcher-0".to_owned()),
+            ..LogLine::default()
+        };
+        assert_eq!(
+            origin(&tailed),
+            vec![
+                (Field::Host, "launcher-0".to_owned()),
+                (Field::Rank, "14".to_owned()),
+                (Field::Host, "worker-3".to_owned())
+            ]
+        );
         // A task number before other text, and a time before a colon, are no prefixes.
         assert!(origin(&line("0: Traceback (most recent call last):")).is_empty());
         assert!(origin(&line("12:00:01 [3] step 40 loss 2.1")).is_empty());
