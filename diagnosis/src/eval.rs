@@ -468,8 +468,10 @@ impl EntityParser {
             (r"(?i)\bpid[\s:=]*(\d+)", Step::Pid),
             (r"(?i)\b(?:slurm )?job\s+\d+|\bserial\s+\d+", Step::Ignore),
             (r"(?i)\branks?[\s:=]*(\d+)", Step::Rank),
-            (r"(?i)\b(?:local )?GPU\s*(\d+)\b", Step::Gpu),
+            // A host named as one ("host gpu014") before GPU indexes, which would read
+            // its name as GPU 14.
             (r"(?i)\b(?:host|node)\s+([a-z][\w.-]*)", Step::Host),
+            (r"(?i)\b(?:local )?GPU\s*(\d+)\b", Step::Gpu),
             (r"\b([a-z][a-z0-9]*(?:-[a-z0-9]+)*-\d+)\b", Step::Host),
         ];
         Ok(EntityParser {
@@ -620,8 +622,8 @@ mod tests {
             p.parse_label("host gpu-node-04 (GPU 2) <-> peer 10.12.8.3"),
             vec![
                 Entity::Addr("10.12.8.3".into(), None),
-                Entity::Gpu(2),
                 Entity::Host("gpu-node-04".into()),
+                Entity::Gpu(2),
             ]
         );
         assert_eq!(
@@ -641,6 +643,20 @@ mod tests {
             ]
         );
         assert!(p.parse_label("the storage backend").is_empty());
+    }
+
+    #[test]
+    fn a_host_named_like_a_gpu_is_read_as_the_host() {
+        let p = EntityParser::new().expect("patterns");
+        assert_eq!(
+            p.parse_label("host gpu014"),
+            vec![Entity::Host("gpu014".into())]
+        );
+        assert_eq!(
+            p.parse_label("node gpu3, GPU 2"),
+            vec![Entity::Host("gpu3".into()), Entity::Gpu(2)]
+        );
+        assert_eq!(p.parse_label("GPU 14"), vec![Entity::Gpu(14)]);
     }
 
     #[test]
