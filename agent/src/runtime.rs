@@ -20,7 +20,7 @@ use crate::dedup::Deduper;
 use crate::kernel_log::{self, KernelLog};
 use crate::metrics::{AgentMetrics, advance};
 use crate::privilege::{Preopened, Privileges};
-use crate::ship::{self, HttpTransport, Identity, SharedPending, Shipper, wall_ns};
+use crate::ship::{self, Identity, IngestClient, SharedPending, Shipper, wall_ns};
 use crate::window::LogWindow;
 
 /// Interval between kernel-log polls.
@@ -362,7 +362,7 @@ pub async fn run_preopened(
     let (stop_tx, stop_rx) = watch::channel(false);
     let shipper = match &cfg.ship.url {
         Some(url) => {
-            let transport = HttpTransport::new(
+            let transport = IngestClient::new(
                 url,
                 token.as_deref(),
                 cfg.ship.request_timeout,

@@ -124,6 +124,15 @@ impl ApiClient {
         self.call(Method::GET, path, None).await
     }
 
+    /// `GET path`, its body as text (`/metrics`).
+    pub async fn get_text(&self, path: &str) -> Result<String, OpsError> {
+        let resp = self.request(Method::GET, path, None).await?;
+        if !(200..300).contains(&resp.status) {
+            return Err(api_error(&resp));
+        }
+        Ok(String::from_utf8_lossy(&resp.body).into_owned())
+    }
+
     /// `POST path` with `body` as JSON (no body when `None`).
     pub async fn post(&self, path: &str, body: Option<&Value>) -> Result<Answer, OpsError> {
         self.call(Method::POST, path, body).await
@@ -141,6 +150,18 @@ impl ApiClient {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Answer, OpsError> {
+        let resp = self.request(method, path, body).await?;
+        tracing::debug!(status = resp.status, bytes = resp.body.len(), "answer");
+        self.answer(resp)
+    }
+
+    /// One request and its answer, whatever its status.
+    async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<HttpResponse, OpsError> {
         let bytes = body.map(|b| Bytes::from(b.to_string()));
         let sent = self.transport.send(method, path, bytes);
         let resp = match tokio::time::timeout(REQUEST_TIMEOUT, sent).await {
@@ -164,8 +185,7 @@ impl ApiClient {
                 });
             }
         };
-        tracing::debug!(status = resp.status, bytes = resp.body.len(), "answer");
-        self.answer(resp)
+        Ok(resp)
     }
 
     fn answer(&self, resp: HttpResponse) -> Result<Answer, OpsError> {

@@ -11,6 +11,8 @@ mod demo;
 mod diagnose;
 #[cfg(feature = "demo")]
 mod fleet;
+#[cfg(feature = "demo")]
+mod loadgen;
 mod ops;
 mod output;
 mod settings;
@@ -51,6 +53,11 @@ enum Command {
     /// Run a scenario file as fast as possible and summarise what was detected.
     #[cfg(feature = "demo")]
     Sim(SimArgs),
+    /// Run a scenario's node agents against a running controller over HTTP, in real
+    /// time, and report throughput, batch latency, the controller's CPU and memory,
+    /// and what it detected (docs/OPERATIONS.md).
+    #[cfg(feature = "demo")]
+    Loadgen(loadgen::LoadgenArgs),
     /// Classify a failure from its logs (files, or stdin): category, fault locus,
     /// culprit, evidence; optionally refined by a model. With --eval, score the rules
     /// (and the model) on a labelled corpus.
@@ -208,6 +215,8 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::main(args),
         #[cfg(feature = "demo")]
         Command::Sim(args) => sim::main(&args),
+        #[cfg(feature = "demo")]
+        Command::Loadgen(args) => loadgen::main(&args),
         Command::Diagnose(args) => diagnose::main(&args),
         Command::Version => {
             outln!(

@@ -869,3 +869,97 @@ fn tokens_come_from_flags_files_env_and_config_files_and_are_never_printed() {
 
     c.assert_no_token_printed();
 }
+
+/// `warden loadgen` against the real controller, in real time: a 64-rank job whose rank
+/// 29 stops in its third step (`sim/scenarios/hang-first-steps.yaml`) for 15 s. Every
+/// batch is accepted (none dropped, no 503, no other status), the controller counted
+/// the events, its CPU seconds (whole seconds: none in so short a run) and memory are
+/// read from its `/metrics`, and the hang is read back naming rank 29, found within
+/// 10 s of the last collective completion anywhere (the detector's own bound is
+/// checked by the scenario suite). Neither token is printed; options out of range and an
+/// unreadable agent token file exit 2 naming the option.
+#[test]
+fn loadgen_drives_a_real_controller_in_real_time_and_reads_back_the_hang() {
+    let mut ctl = Ctl::start();
+    let dir = ctl.dir.path().to_path_buf();
+    let agent_file = dir.join("agent.token");
+    std::fs::write(&agent_file, format!("{}\n", ctl.tokens.agent)).expect("agent token");
+    let viewer_file = dir.join("viewer.token");
+    std::fs::write(&viewer_file, format!("{}\n", ctl.tokens.viewer)).expect("viewer token");
+    let scenario =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../sim/scenarios/hang-first-steps.yaml");
+    let report = dir.join("load.json");
+    let server = ctl.server();
+    let (scenario, agent_file, viewer_file, report_arg) = (
+        scenario.display().to_string(),
+        agent_file.display().to_string(),
+        viewer_file.display().to_string(),
+        report.display().to_string(),
+    );
+    let base = [
+        "loadgen",
+        "--controller",
+        &server,
+        "--scenario",
+        &scenario,
+        "--agent-token-file",
+        &agent_file,
+        "--token-file",
+        &viewer_file,
+    ];
+    let mut args = base.to_vec();
+    args.extend(["--seconds", "15", "--report", &report_arg]);
+    let out = ctl.warden(&args, &[]).ok().to_owned();
+    assert!(out.contains("hang"), "{out}");
+    let r: Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("the report")).expect("JSON");
+    let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert!(n("batches_ok") > 0, "{r}");
+    assert_eq!(n("batches_ok"), n("batches_offered"), "{r}");
+    assert_eq!(n("batches_dropped"), 0, "{r}");
+    assert_eq!(n("busy_503"), 0, "{r}");
+    assert_eq!(n("unreachable"), 0, "{r}");
+    assert_eq!(r["other_statuses"], serde_json::json!({}), "{r}");
+    assert!(r["events_per_s"].as_f64().is_some_and(|e| e > 0.0), "{r}");
+    assert!(
+        r["controller_cpu_seconds"]
+            .as_f64()
+            .is_some_and(|c| c >= 0.0),
+        "{r}"
+    );
+    assert!(
+        r["after"]["rss_bytes"].as_f64().is_some_and(|b| b > 0.0),
+        "{r}"
+    );
+    let hang = r["detections"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["fault"]["kind"] == "hang"))
+        .unwrap_or_else(|| panic!("the hang among the detections: {r}"));
+    assert_eq!(hang["fault"]["rank"], 29, "{r}");
+    assert!(hang["incident"].is_string(), "the hang was not found: {r}");
+    let latency = hang["latency_from_truth_s"].as_f64().expect("a latency");
+    assert!(
+        (0.0..=10.0).contains(&latency),
+        "found {latency} s after the last progress: {r}"
+    );
+    assert!(hang["latency_s"].as_f64().is_some(), "{r}");
+
+    for (flag, value, needle) in [
+        ("--speed", "0", "--speed"),
+        ("--seconds", "0", "--seconds"),
+        ("--queue", "0", "--queue"),
+    ] {
+        let mut bad = base.to_vec();
+        bad.extend([flag, value]);
+        let run = ctl.warden(&bad, &[]);
+        assert_eq!(run.code, Some(2), "{}{}", run.stdout, run.stderr);
+        assert!(run.stderr.contains(needle), "{}", run.stderr);
+    }
+    let missing = dir.join("no-such-token").display().to_string();
+    let mut bad = base.to_vec();
+    bad[6] = &missing;
+    let run = ctl.warden(&bad, &[]);
+    assert_eq!(run.code, Some(2), "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("--agent-token-file"), "{}", run.stderr);
+    ctl.assert_no_token_printed();
+}

@@ -14,6 +14,7 @@
 
 pub mod backoff;
 mod client;
+pub mod ingest;
 pub mod proxy;
 pub mod server;
 pub mod tls;

@@ -27,6 +27,13 @@ pub const DELIVERY_DELAY_SECS: f64 = 0.002;
 pub trait Sink {
     /// One binary-encoded batch, received at `now`.
     fn deliver(&mut self, body: &[u8], now: Timestamp);
+    /// One binary-encoded batch from the agent of node `node` (its index in the job's
+    /// topology), received at `now`: [`Sink::deliver`] unless the sink keeps the agents
+    /// apart (`warden loadgen` sends each agent's batches on its own, in order).
+    fn deliver_from(&mut self, node: u32, body: &[u8], now: Timestamp) {
+        let _ = node;
+        self.deliver(body, now);
+    }
     /// Run the detectors at `now`.
     fn tick(&mut self, now: Timestamp) -> Vec<IncidentChange>;
 }
@@ -155,7 +162,7 @@ pub struct Simulation {
     physics: Physics,
     agents: Vec<Agent>,
     flushes: BinaryHeap<FlushAt>,
-    deliveries: VecDeque<(i64, Vec<u8>)>,
+    deliveries: VecDeque<(i64, u32, Vec<u8>)>,
     urgent: Vec<(f64, u32)>,
     net: Draw,
     tick_index: u64,
@@ -244,7 +251,7 @@ impl Simulation {
                 .flushes
                 .peek()
                 .map_or(i64::MAX, |Reverse((t, _, _))| *t);
-            let t_deliver = self.deliveries.front().map_or(i64::MAX, |(t, _)| *t);
+            let t_deliver = self.deliveries.front().map_or(i64::MAX, |(t, _, _)| *t);
             let t_tick = ns(self.tick_index as f64 * self.options.tick_secs);
             let t = t_gen.min(t_flush).min(t_deliver).min(t_tick);
             if t > limit {
@@ -273,8 +280,8 @@ impl Simulation {
                     self.flush(node, t, regular);
                 }
             } else if t_deliver == t {
-                if let Some((_, body)) = self.deliveries.pop_front() {
-                    sink.deliver(&body, SIM_EPOCH.plus_nanos(t));
+                if let Some((_, node, body)) = self.deliveries.pop_front() {
+                    sink.deliver_from(node, &body, SIM_EPOCH.plus_nanos(t));
                     self.batches += 1;
                 }
             } else {
@@ -311,7 +318,7 @@ impl Simulation {
         self.buf.clear();
         batch.encode_binary_into(&mut self.buf);
         self.deliveries
-            .push_back((t_ns + ns(DELIVERY_DELAY_SECS), self.buf.clone()));
+            .push_back((t_ns + ns(DELIVERY_DELAY_SECS), node, self.buf.clone()));
     }
 
     /// Run until the scenario ends.

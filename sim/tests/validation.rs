@@ -300,3 +300,25 @@ fn load_names_the_file_and_uses_its_stem() {
     assert!(missing.contains("/nonexistent/x.yaml"), "{missing}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The scenarios `warden loadgen` is measured with (`sim/load/`, docs/OPERATIONS.md)
+/// load as they are written.
+#[test]
+fn the_load_scenarios_parse() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("load");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).expect("sim/load") {
+        let path = e.expect("an entry").path();
+        if path.extension().is_some_and(|x| x == "yaml") {
+            let s = Scenario::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(
+                s.ranks() >= 16_384,
+                "{}: {} ranks",
+                path.display(),
+                s.ranks()
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 3, "{n} load scenarios in {}", dir.display());
+}
