@@ -59,6 +59,80 @@ pub struct ConfigFile {
     /// Limits of the HTTP server: header and idle timeouts, connection caps
     /// (`docs/API.md`, "Connections").
     pub server: Option<warden_http::server::ServerConfig>,
+    /// What the detection engine holds at most (`docs/OPERATIONS.md`, "Limits"); each
+    /// left out keeps its default.
+    pub limits: Option<LimitsConfig>,
+}
+
+/// The `limits` section: the engine's bounds on what it holds, raised (or lowered) for
+/// a fleet of a known size. Records past a bound are refused and counted in
+/// `warden_ingest_refused_records_total{bound}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Jobs held at once.
+    pub max_jobs: Option<u64>,
+    /// Ranks held at once, over all jobs.
+    pub max_ranks: Option<u64>,
+    /// Nodes (agents) held at once.
+    pub max_nodes: Option<u64>,
+    /// Communicators one job may have.
+    pub max_comms_per_job: Option<u64>,
+    /// Bytes of job and node state held at once, as the engine counts them.
+    pub max_state_bytes: Option<u64>,
+}
+
+/// Bounds of each `limits` field: (smallest, largest).
+const LIMIT_BOUNDS: [(&str, (u64, u64)); 5] = [
+    ("max_jobs", (1, 1 << 20)),
+    ("max_ranks", (1, 1 << 23)),
+    ("max_nodes", (1, 1 << 21)),
+    ("max_comms_per_job", (1, 1 << 24)),
+    ("max_state_bytes", (1 << 20, 1 << 37)),
+];
+
+impl LimitsConfig {
+    fn fields(&self) -> [Option<u64>; 5] {
+        [
+            self.max_jobs,
+            self.max_ranks,
+            self.max_nodes,
+            self.max_comms_per_job,
+            self.max_state_bytes,
+        ]
+    }
+
+    /// Every field outside its bounds, as (`limits.FIELD`, what is wrong).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        LIMIT_BOUNDS
+            .iter()
+            .zip(self.fields())
+            .filter_map(|((field, (lo, hi)), v)| {
+                let v = v?;
+                (!(*lo..=*hi).contains(&v)).then(|| {
+                    (
+                        format!("limits.{field}"),
+                        format!("{v} is outside {lo}..={hi}"),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// `base` with the fields given here (within their bounds) in place of its own.
+    pub fn apply(&self, mut base: warden_engine::state::Limits) -> warden_engine::state::Limits {
+        let size = |v: Option<u64>, (lo, hi): (u64, u64), d: usize| {
+            v.filter(|v| (lo..=hi).contains(v))
+                .map_or(d, |v| usize::try_from(v).unwrap_or(usize::MAX))
+        };
+        let b = |i: usize| LIMIT_BOUNDS[i].1;
+        base.max_jobs = size(self.max_jobs, b(0), base.max_jobs);
+        base.max_ranks = size(self.max_ranks, b(1), base.max_ranks);
+        base.max_nodes = size(self.max_nodes, b(2), base.max_nodes);
+        base.max_comms_per_job = size(self.max_comms_per_job, b(3), base.max_comms_per_job);
+        base.max_state_bytes = size(self.max_state_bytes, b(4), base.max_state_bytes);
+        base
+    }
 }
 
 /// The settings a flag can override (`None`: not given).
@@ -120,6 +194,8 @@ pub struct ControllerConfig {
     pub remediation: crate::remedy::run::RemedyConfig,
     /// Limits of the HTTP server.
     pub server: warden_http::server::Limits,
+    /// What the detection engine holds at most.
+    pub limits: warden_engine::state::Limits,
 }
 
 impl Default for ControllerConfig {
@@ -137,12 +213,13 @@ impl Default for ControllerConfig {
             traces: crate::telemetry::TracesConfig::default(),
             remediation: crate::remedy::run::RemedyConfig::default(),
             server: warden_http::server::Limits::default(),
+            limits: warden_engine::state::Limits::default(),
         }
     }
 }
 
 /// Every top-level key of the file.
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 14] = [
     "listen",
     "max_batch_bytes",
     "tick_interval_ms",
@@ -156,6 +233,7 @@ const KEYS: [&str; 13] = [
     "traces",
     "remediation",
     "server",
+    "limits",
 ];
 
 impl ConfigFile {
@@ -182,6 +260,7 @@ impl ConfigFile {
             traces: l.section("traces"),
             remediation: l.section("remediation"),
             server: l.section("server"),
+            limits: l.section("limits"),
         };
         l.unknown_keys(&KEYS);
         file
@@ -299,6 +378,10 @@ impl ControllerConfig {
         if let Some(s) = &parsed.server {
             problems.extend(s.problems("server"));
             cfg.server = s.limits(cfg.server);
+        }
+        if let Some(lim) = &parsed.limits {
+            problems.extend(lim.problems());
+            cfg.limits = lim.apply(cfg.limits);
         }
         for (field, message) in problems {
             l.push(&fo, &field, message);
@@ -576,6 +659,43 @@ mod tests {
         assert_eq!(
             fields,
             ["server.idle_timeout_secs", "server.max_connections"],
+            "{errs}"
+        );
+    }
+
+    #[test]
+    fn engine_limits_are_raised_bounded_and_named() {
+        let path = write(
+            "limits.yaml",
+            "limits:\n  max_ranks: 300000\n  max_state_bytes: 2147483648\n",
+        );
+        let cfg = ControllerConfig::load(Some(&path), no_env, &Overrides::default()).expect("ok");
+        let d = warden_engine::state::Limits::default();
+        assert_eq!(cfg.limits.max_ranks, 300_000);
+        assert_eq!(cfg.limits.max_state_bytes, 2 << 30);
+        assert_eq!(cfg.limits.max_nodes, d.max_nodes, "left out: the default");
+        let path = write(
+            "bad-limits.yaml",
+            "limits:\n  max_ranks: 0\n  max_state_bytes: 1024\n  max_nodes: 9\n  max_threads: 4\n",
+        );
+        let errs = ControllerConfig::load(Some(&path), no_env, &Overrides::default())
+            .expect_err("out of bounds");
+        let text = errs.to_string();
+        assert!(
+            text.contains("max_threads"),
+            "an unknown field is named: {text}"
+        );
+        let path = write(
+            "low-limits.yaml",
+            "limits:\n  max_ranks: 0\n  max_state_bytes: 1024\n  max_nodes: 9\n",
+        );
+        let errs = ControllerConfig::load(Some(&path), no_env, &Overrides::default())
+            .expect_err("out of bounds");
+        let mut fields: Vec<_> = errs.0.iter().map(|e| e.field.as_str()).collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            ["limits.max_ranks", "limits.max_state_bytes"],
             "{errs}"
         );
     }

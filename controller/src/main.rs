@@ -287,7 +287,13 @@ async fn run(
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> anyhow::Result<()> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let engine = SharedEngine::new(Engine::new(EngineConfig::default(), Timestamp::ZERO));
+    let engine = SharedEngine::new(Engine::new(
+        EngineConfig {
+            limits: config.limits,
+            ..EngineConfig::default()
+        },
+        Timestamp::ZERO,
+    ));
     let metrics = Arc::new(Metrics::new(env!("CARGO_PKG_VERSION")).context("setting up metrics")?);
     let store = open_store(&config.store).await?;
     // A long accept queue: a burst of connections waits instead of losing SYNs.
