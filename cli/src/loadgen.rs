@@ -11,27 +11,29 @@
 //! events as the controller counted them), batch latency p50/p99/max, the answers by
 //! status (503s apart), how far the simulation fell behind the wall clock, the
 //! controller's CPU seconds and resident memory over the run (from its `/metrics`), and
-//! the incidents of the scenario's job against the faults it injected. Detection
-//! latencies mean something only at `--speed 1`: the controller's clock is the wall's.
+//! the scenario's grade: the job's incidents, moved onto the run's virtual clock (the
+//! controller keeps Unix time), scored against the injected faults by the simulator's
+//! own scorer (`warden_sim::score`). Detection latencies mean something only at
+//! `--speed 1`: the controller's clock is the wall's.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
-use serde_json::Value;
 use tokio::sync::mpsc;
 use warden_config::outln;
 use warden_engine::IncidentChange;
 use warden_http::ingest::{IngestClient, SendError};
 use warden_model::Timestamp;
-use warden_sim::{FaultRecord, RunOptions, Scenario, Simulation, Sink};
+use warden_model::view::IncidentView;
+use warden_sim::{Report, RunOptions, Scenario, Scorecard, Simulation, Sink, score};
 
+use crate::EXIT_USAGE;
 use crate::client::{ApiClient, OpsError, encode};
-use crate::settings::{FlagValues, Settings};
-use crate::{EXIT_USAGE, show};
+use crate::settings::{FlagValues, Settings, token_file_line};
 
 /// Fastest pace, virtual seconds per wall second.
 const MAX_SPEED: f64 = 1000.0;
@@ -143,22 +145,6 @@ pub struct ControllerSample {
     pub batches: f64,
 }
 
-/// An injected fault and the incident that named it, if any.
-#[derive(Debug, Clone, Serialize)]
-pub struct Detection {
-    /// The fault as injected.
-    pub fault: FaultRecord,
-    /// The matching incident's id.
-    pub incident: Option<String>,
-    /// Seconds from the onset the controller found to its detection.
-    pub latency_s: Option<f64>,
-    /// Seconds from the fault's true onset to the detection, as the scenario scorer
-    /// measures it (for a hang or a crash, from the last collective completion
-    /// anywhere): the run's start on the wall clock plus that virtual time over
-    /// `--speed`, since the controller keeps Unix time.
-    pub latency_from_truth_s: Option<f64>,
-}
-
 /// What `warden loadgen` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadReport {
@@ -204,10 +190,9 @@ pub struct LoadReport {
     pub before: ControllerSample,
     /// After the queues drained.
     pub after: ControllerSample,
-    /// The injected faults and what the controller found.
-    pub detections: Vec<Detection>,
-    /// Incidents of the job that match no injected fault.
-    pub unmatched_incidents: Vec<Value>,
+    /// The job's incidents against the injected faults, as `warden sim` grades a run:
+    /// faults missed, incidents matching none, detection latency by class.
+    pub score: Scorecard,
 }
 
 /// Run `warden loadgen`.
@@ -223,10 +208,15 @@ pub fn main(args: &LoadgenArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
-    let agent_token = match args.agent_token_file.as_deref().map(read_token).transpose() {
+    let agent_token = match args
+        .agent_token_file
+        .as_deref()
+        .map(token_file_line)
+        .transpose()
+    {
         Ok(t) => t,
-        Err(msg) => {
-            eprintln!("warden loadgen: {msg}");
+        Err(e) => {
+            eprintln!("warden loadgen: --agent-token-file: {}", e.0);
             return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
@@ -238,7 +228,7 @@ pub fn main(args: &LoadgenArgs) -> anyhow::Result<ExitCode> {
     ) {
         Ok(c) => c,
         Err(msg) => {
-            eprintln!("warden loadgen: --controller: {msg}");
+            eprintln!("warden loadgen: {msg}");
             return Ok(ExitCode::from(EXIT_USAGE));
         }
     };
@@ -336,8 +326,8 @@ pub fn main(args: &LoadgenArgs) -> anyhow::Result<ExitCode> {
             eprintln!("warden loadgen: reading the job's incidents: {e}");
             Vec::new()
         });
-    let truth = |onset_s: f64| started_unix + onset_s / args.speed;
-    let (detections, unmatched_incidents) = detections(sim.faults(), incidents, truth);
+    let incidents = on_the_run_clock(incidents, started_unix, args.speed);
+    let score = score(&[Report::new(&sim, incidents, wall_seconds)]);
     let report = summarize(
         &scenario,
         &sim,
@@ -347,8 +337,7 @@ pub fn main(args: &LoadgenArgs) -> anyhow::Result<ExitCode> {
         (offered, bytes, dropped),
         &stats,
         (before, after),
-        detections,
-        unmatched_incidents,
+        score,
     );
     print(&report, args.quiet);
     if let Some(path) = &args.report {
@@ -381,20 +370,6 @@ fn check(args: &LoadgenArgs) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-/// The first line of a token file, trimmed (never printed).
-fn read_token(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--agent-token-file {}: {e}", path.display()))?;
-    let token = text.lines().next().unwrap_or_default().trim();
-    if token.is_empty() {
-        return Err(format!(
-            "--agent-token-file {}: the first line is empty",
-            path.display()
-        ));
-    }
-    Ok(token.to_owned())
 }
 
 /// One emulated agent's sender: its batches, one at a time, in order.
@@ -443,93 +418,37 @@ async fn sample(api: &ApiClient) -> Result<ControllerSample, OpsError> {
 }
 
 /// The job's incidents, newest first, up to [`MAX_INCIDENTS`].
-async fn incidents(api: &ApiClient, job: &str) -> Result<Vec<Value>, OpsError> {
+async fn incidents(api: &ApiClient, job: &str) -> Result<Vec<IncidentView>, OpsError> {
     let a = api
         .get(&format!(
             "/api/v1/incidents?job={}&limit={MAX_INCIDENTS}",
             encode(job)
         ))
         .await?;
-    Ok(match a.json {
-        Value::Array(v) => v,
-        other => other
-            .get("incidents")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default(),
+    serde_json::from_value(a.json).map_err(|e| OpsError::Answer {
+        server: api.server().to_owned(),
+        detail: format!("incidents that are not incident views: {e}"),
     })
 }
 
-/// The incident kind a fault of the scenario is found as.
-fn incident_kind(fault: &str) -> &str {
-    match fault {
-        "xid" => "gpu_fault",
-        k => k,
+/// `incidents` with their times moved from the controller's Unix seconds to seconds of
+/// the simulation's clock, which started at `started_unix` and ran `speed` times the
+/// wall's.
+fn on_the_run_clock(
+    mut incidents: Vec<IncidentView>,
+    started_unix: f64,
+    speed: f64,
+) -> Vec<IncidentView> {
+    let run = |t: f64| (t - started_unix) * speed;
+    for i in &mut incidents {
+        i.onset_s = run(i.onset_s);
+        i.detected_s = run(i.detected_s);
+        i.resolved_s = i.resolved_s.map(run);
+        for t in &mut i.timeline {
+            t.at_s = run(t.at_s);
+        }
     }
-}
-
-/// Each fault with the first unclaimed incident of its kind that names its rank (or,
-/// for a fault without a rank, its node); the incidents no fault claimed.
-fn detections(
-    faults: Vec<FaultRecord>,
-    incidents: Vec<Value>,
-    truth: impl Fn(f64) -> f64,
-) -> (Vec<Detection>, Vec<Value>) {
-    let mut claimed = vec![false; incidents.len()];
-    let mut out = Vec::with_capacity(faults.len());
-    for fault in faults {
-        let kind = incident_kind(&fault.kind);
-        let hit = incidents.iter().enumerate().position(|(i, inc)| {
-            !claimed[i]
-                && inc.get("kind").and_then(Value::as_str) == Some(kind)
-                && names(inc, &fault)
-        });
-        let (incident, latency_s, latency_from_truth_s) = match hit {
-            Some(i) => {
-                claimed[i] = true;
-                let inc = &incidents[i];
-                let onset = inc.get("onset_s").and_then(Value::as_f64);
-                let detected = inc.get("detected_s").and_then(Value::as_f64);
-                (
-                    inc.get("id").and_then(Value::as_str).map(str::to_owned),
-                    onset.zip(detected).map(|(o, d)| d - o),
-                    detected.map(|d| d - truth(fault.last_progress_s.unwrap_or(fault.onset_s))),
-                )
-            }
-            None => (None, None, None),
-        };
-        out.push(Detection {
-            fault,
-            incident,
-            latency_s,
-            latency_from_truth_s,
-        });
-    }
-    let unmatched = incidents
-        .into_iter()
-        .zip(claimed)
-        .filter(|(_, c)| !c)
-        .map(|(i, _)| i)
-        .collect();
-    (out, unmatched)
-}
-
-/// Whether `inc` names the fault's place: its rank, else its node.
-fn names(inc: &Value, fault: &FaultRecord) -> bool {
-    let list = |key: &str| {
-        inc.get(key)
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
-    match fault.rank {
-        Some(r) => list("ranks")
-            .iter()
-            .any(|v| v.as_u64() == Some(u64::from(r))),
-        None => list("nodes")
-            .iter()
-            .any(|v| v.as_str() == Some(fault.node.as_str())),
-    }
+    incidents
 }
 
 /// Seconds since the Unix epoch, now.
@@ -558,8 +477,7 @@ fn summarize(
     (offered, bytes, dropped): (u64, u64, u64),
     stats: &[AgentStats],
     (before, after): (ControllerSample, ControllerSample),
-    detections: Vec<Detection>,
-    unmatched_incidents: Vec<Value>,
+    score: Scorecard,
 ) -> LoadReport {
     let mut latency: Vec<u32> = stats
         .iter()
@@ -608,8 +526,7 @@ fn summarize(
         events_per_cpu_second: if cpu > 0.0 { events / cpu } else { 0.0 },
         before,
         after,
-        detections,
-        unmatched_incidents,
+        score,
     }
 }
 
@@ -653,36 +570,30 @@ fn print(r: &LoadReport, quiet: bool) {
     if quiet {
         return;
     }
-    outln!("Injected faults: {}", r.detections.len());
-    for d in &r.detections {
-        let found = match (&d.incident, d.latency_s) {
-            (Some(id), Some(l)) => format!(
-                "found as {id}, {l:.2} s after the onset it found ({:.2} s after the true one)",
-                d.latency_from_truth_s.unwrap_or(f64::NAN)
-            ),
-            (Some(id), None) => format!("found as {id}"),
-            (None, _) => "NOT FOUND".to_owned(),
-        };
-        outln!(
-            "  {:<10} at {:>7.1}s  {:<24} {found}",
-            d.fault.kind,
-            d.fault.onset_s,
-            show::fault_target(&d.fault)
-        );
-    }
-    if !r.unmatched_incidents.is_empty() {
-        outln!(
-            "Incidents that match no injected fault: {}",
-            r.unmatched_incidents.len()
-        );
-        for i in &r.unmatched_incidents {
+    let sc = &r.score;
+    outln!(
+        "Detection: {} of {} injected faults found, {} of {} incidents match a fault",
+        sc.matched,
+        sc.faults,
+        sc.matched,
+        sc.incidents
+    );
+    for c in &sc.classes {
+        if let Some(max) = c.secs(1.0) {
             outln!(
-                "  {} {} {}",
-                i.get("id").and_then(Value::as_str).unwrap_or("?"),
-                i.get("kind").and_then(Value::as_str).unwrap_or("?"),
-                i.get("summary").and_then(Value::as_str).unwrap_or("")
+                "  {:<22} {}/{} found, {:.2} s after the onset (the last progress, for a stop) at most",
+                c.class,
+                c.matched,
+                c.faults,
+                max
             );
         }
+    }
+    for m in &sc.missed {
+        outln!("  MISSED {m}");
+    }
+    for f in &sc.false_positives {
+        outln!("  matches no fault: {f}");
     }
 }
 
@@ -691,34 +602,20 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn fault(kind: &str, rank: Option<u32>, node: &str) -> FaultRecord {
-        serde_json::from_value(json!({
-            "kind": kind, "rank": rank, "node": node, "step": 10, "onset_s": 12.0
-        }))
-        .expect("a fault record")
-    }
-
     #[test]
-    fn each_fault_claims_one_incident_of_its_kind_that_names_its_place() {
-        let faults = vec![
-            fault("hang", Some(5), "node-01"),
-            fault("xid", None, "node-02"),
-            fault("crash", Some(9), "node-02"),
-        ];
-        let incidents = vec![
-            json!({"id": "a", "kind": "hang", "ranks": [4], "nodes": ["node-01"], "onset_s": 1.0, "detected_s": 2.0}),
-            json!({"id": "b", "kind": "hang", "ranks": [5], "nodes": ["node-01"], "onset_s": 1.0, "detected_s": 3.5}),
-            json!({"id": "c", "kind": "gpu_fault", "ranks": [], "nodes": ["node-02"], "onset_s": 5.0, "detected_s": 5.25}),
-        ];
-        let (d, unmatched) = detections(faults, incidents, |onset| 100.0 + onset);
-        assert_eq!(d[0].incident.as_deref(), Some("b"));
-        assert_eq!(d[0].latency_s, Some(2.5));
-        // detected at 3.5, the fault's onset 12 virtual s after a start at 100: -108.5.
-        assert_eq!(d[0].latency_from_truth_s, Some(3.5 - 112.0));
-        assert_eq!(d[1].incident.as_deref(), Some("c"));
-        assert_eq!(d[2].incident, None, "no crash incident names rank 9");
-        assert_eq!(unmatched.len(), 1);
-        assert_eq!(unmatched[0]["id"], "a");
+    fn incidents_move_onto_the_runs_clock() {
+        let view: IncidentView = serde_json::from_value(json!({
+            "id": "inc-1", "kind": "hang", "job": "j", "state": "open", "acknowledged": false,
+            "severity": "critical", "ranks": [5], "nodes": ["node-01"], "gpus": [],
+            "onset_s": 1_000.5, "detected_s": 1_004.0, "resolved_s": null, "confidence": 0.9,
+            "summary": "s", "evidence": [], "timeline": [{"at_s": 1_002.0, "what": "x"}]
+        }))
+        .expect("an incident view");
+        let moved = on_the_run_clock(vec![view], 1_000.0, 2.0);
+        assert_eq!(moved[0].onset_s, 1.0);
+        assert_eq!(moved[0].detected_s, 8.0);
+        assert_eq!(moved[0].resolved_s, None);
+        assert_eq!(moved[0].timeline[0].at_s, 4.0);
     }
 
     #[test]

@@ -196,6 +196,12 @@ pub fn resolve(
 
 /// The token of a token file: its first line, trimmed.
 pub fn read_token_file(path: &Path) -> Result<ApiKey, SettingsError> {
+    token_file_line(path).map(ApiKey::new)
+}
+
+/// A token file's first line, trimmed, for a caller that sends it itself (`warden
+/// loadgen`'s agent token); never printed.
+pub fn token_file_line(path: &Path) -> Result<String, SettingsError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         SettingsError(format!(
             "cannot read the token file {}: {e}",
@@ -209,7 +215,7 @@ pub fn read_token_file(path: &Path) -> Result<ApiKey, SettingsError> {
             path.display()
         )));
     }
-    Ok(ApiKey::new(first))
+    Ok(first.to_owned())
 }
 
 /// Check the server URL's form: `http://` or `https://` and a host. The error names

@@ -82,34 +82,41 @@ pub struct LimitsConfig {
     pub max_state_bytes: Option<u64>,
 }
 
-/// Bounds of each `limits` field: (smallest, largest).
-const LIMIT_BOUNDS: [(&str, (u64, u64)); 5] = [
-    ("max_jobs", (1, 1 << 20)),
-    ("max_ranks", (1, 1 << 23)),
-    ("max_nodes", (1, 1 << 21)),
-    ("max_comms_per_job", (1, 1 << 24)),
-    ("max_state_bytes", (1 << 20, 1 << 37)),
-];
-
 impl LimitsConfig {
-    fn fields(&self) -> [Option<u64>; 5] {
+    /// Each field: its name, what it was given, its bounds, and where it goes in the
+    /// engine's limits.
+    #[allow(clippy::type_complexity)]
+    fn fields<'a>(
+        &self,
+        l: &'a mut warden_engine::state::Limits,
+    ) -> [(&'static str, Option<u64>, (u64, u64), &'a mut usize); 5] {
         [
-            self.max_jobs,
-            self.max_ranks,
-            self.max_nodes,
-            self.max_comms_per_job,
-            self.max_state_bytes,
+            ("max_jobs", self.max_jobs, (1, 1 << 20), &mut l.max_jobs),
+            ("max_ranks", self.max_ranks, (1, 1 << 23), &mut l.max_ranks),
+            ("max_nodes", self.max_nodes, (1, 1 << 21), &mut l.max_nodes),
+            (
+                "max_comms_per_job",
+                self.max_comms_per_job,
+                (1, 1 << 24),
+                &mut l.max_comms_per_job,
+            ),
+            (
+                "max_state_bytes",
+                self.max_state_bytes,
+                (1 << 20, 1 << 37),
+                &mut l.max_state_bytes,
+            ),
         ]
     }
 
     /// Every field outside its bounds, as (`limits.FIELD`, what is wrong).
     pub fn problems(&self) -> Vec<(String, String)> {
-        LIMIT_BOUNDS
-            .iter()
-            .zip(self.fields())
-            .filter_map(|((field, (lo, hi)), v)| {
+        let mut scratch = warden_engine::state::Limits::default();
+        self.fields(&mut scratch)
+            .into_iter()
+            .filter_map(|(field, v, (lo, hi), _)| {
                 let v = v?;
-                (!(*lo..=*hi).contains(&v)).then(|| {
+                (!(lo..=hi).contains(&v)).then(|| {
                     (
                         format!("limits.{field}"),
                         format!("{v} is outside {lo}..={hi}"),
@@ -121,16 +128,11 @@ impl LimitsConfig {
 
     /// `base` with the fields given here (within their bounds) in place of its own.
     pub fn apply(&self, mut base: warden_engine::state::Limits) -> warden_engine::state::Limits {
-        let size = |v: Option<u64>, (lo, hi): (u64, u64), d: usize| {
-            v.filter(|v| (lo..=hi).contains(v))
-                .map_or(d, |v| usize::try_from(v).unwrap_or(usize::MAX))
-        };
-        let b = |i: usize| LIMIT_BOUNDS[i].1;
-        base.max_jobs = size(self.max_jobs, b(0), base.max_jobs);
-        base.max_ranks = size(self.max_ranks, b(1), base.max_ranks);
-        base.max_nodes = size(self.max_nodes, b(2), base.max_nodes);
-        base.max_comms_per_job = size(self.max_comms_per_job, b(3), base.max_comms_per_job);
-        base.max_state_bytes = size(self.max_state_bytes, b(4), base.max_state_bytes);
+        for (_, v, (lo, hi), slot) in self.fields(&mut base) {
+            if let Some(v) = v.filter(|v| (lo..=hi).contains(v)) {
+                *slot = usize::try_from(v).unwrap_or(usize::MAX);
+            }
+        }
         base
     }
 }

@@ -64,7 +64,7 @@ impl IngestClient {
             .map_err(|e| format!("{base_url:?} is not a usable URL: {e}"))?;
         let tls = crate::tls::client_config(ca_file).map_err(|e| match e {
             crate::tls::TlsError::CaFile { path, detail } => {
-                format!("controller.ca_file {path}: {detail}")
+                format!("CA file {path}: {detail}")
             }
             other => other.to_string(),
         })?;
