@@ -1731,6 +1731,45 @@ fn silent_ranks_all_on_one_node_name_the_node_and_the_teardown_is_no_crash() {
 }
 
 #[test]
+fn a_rank_its_launcher_cut_short_before_its_last_words_does_not_hide_the_stuck_node() {
+    // The pipeline again, under load: torchrun terminated rank 0 (SIGTERM) once rank 1
+    // failed, before rank 0 could log that rank 1 had closed the connection. Its
+    // silence says nothing; ranks 2 and 3 on node-01 are still the ones to look at.
+    let mut j = logging_job();
+    j.log(1, 21.0, GLOO_TIMEOUT);
+    j.reported_exit(1, 21.2, Some(1), None);
+    j.reported_exit(0, 21.2, None, Some(15));
+    let f = j.timeout_findings(25.0);
+    assert_eq!(f.len(), 1);
+    assert!(f[0].ranks.is_empty(), "{f:#?}");
+    assert_eq!(f[0].nodes, vec!["node-01".to_string()], "{f:#?}");
+    assert!(
+        f[0].evidence
+            .iter()
+            .any(|e| e.text.starts_with("rank 0: terminated by the launcher")),
+        "{f:#?}"
+    );
+}
+
+#[test]
+fn a_stuck_rank_its_launcher_terminated_is_still_the_one_named() {
+    // DDP: rank 3 deadlocked (alive); the others timed out, and rank 2's failure made
+    // node-01's launcher terminate rank 3. It alone logged nothing: it is named.
+    let mut j = logging_job();
+    for r in 0..3 {
+        j.log(r, 21.0 + f64::from(r) * 0.1, GLOO_TIMEOUT);
+    }
+    for r in 0..3 {
+        j.reported_exit(r, 21.4, Some(1), None);
+    }
+    j.reported_exit(3, 21.5, None, Some(15));
+    let f = j.timeout_findings(25.0);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].ranks, vec![3], "{f:#?}");
+    assert_eq!(f[0].nodes, vec!["node-01".to_string()]);
+}
+
+#[test]
 fn a_log_only_hang_singles_out_nobody_when_too_many_ranks_are_silent() {
     // Ranks 1 and 3 are silent, on different nodes.
     let mut j = logging_job();

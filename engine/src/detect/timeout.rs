@@ -9,6 +9,9 @@
 //! "connection closed by peer" instead: it was waiting too, and is no culprit. Where
 //! more ranks are silent but all on one node (a pipeline stage's ranks, one of which
 //! waits on the other without a timeout of its own), the node is named and no rank.
+//! A silent rank its launcher terminated because a rank on its node failed may have
+//! been cut short before its last words; where the silent ranks single out nobody with
+//! it, they are read without it.
 //! Confidence is lower than a captured hang's: a rank that never logged cannot be told
 //! from a rank that does not exist.
 //!
@@ -116,6 +119,38 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
         .fold(0.0_f64, f64::max);
     let waiters: Vec<u32> = timed.iter().map(|(r, _)| *r).collect();
     let bound = ((heard.len() as f64 * cfg.max_culprit_fraction).floor() as usize).max(1);
+    let on_one_node = |ranks: &[u32]| {
+        let mut nodes: Vec<u32> = ranks.iter().map(|&i| job.ranks[i].node).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes.len() == 1 && nodes[0] != crate::state::NO_NODE
+    };
+    let picks = |ranks: &[u32]| !ranks.is_empty() && (ranks.len() <= bound || on_one_node(ranks));
+    // A silent rank its launcher terminated (SIGTERM) on a node where a rank timed out
+    // may only have had no time to log: torchrun tears a node's other workers down
+    // within a moment of the first one's failure, and under load that can come before
+    // the rank's own last words. Its silence is no evidence; where the silent ranks
+    // single out nobody with it, they are read without it.
+    let cut_short: Vec<u32> = silent
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let r = &job.ranks[i];
+            r.exit.as_ref().is_some_and(|e| e.signal == Some(15))
+                && waiters.iter().any(|&w| job.ranks[w].node == r.node)
+        })
+        .collect();
+    let mut silent = silent;
+    if !picks(&silent) && !cut_short.is_empty() {
+        let rest: Vec<u32> = silent
+            .iter()
+            .copied()
+            .filter(|i| !cut_short.contains(i))
+            .collect();
+        if picks(&rest) {
+            silent = rest;
+        }
+    }
     let singled = !silent.is_empty() && silent.len() <= bound;
     let after = if waited > 0.0 {
         format!(" after {waited:.0} s")
@@ -136,13 +171,23 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
             ),
         })
         .collect();
+    if cut_short.iter().any(|i| !silent.contains(i)) {
+        let short: Vec<u32> = cut_short
+            .iter()
+            .copied()
+            .filter(|i| !silent.contains(i))
+            .collect();
+        evidence.push(Evidence {
+            at: now,
+            text: format!(
+                "{}: terminated by the launcher (SIGTERM) after a rank on the same node \
+                 failed, before logging why; not counted as silent",
+                ranks(&short)
+            ),
+        });
+    }
     // The silent ranks all on one node: the node is named, not a rank.
-    let one_node = {
-        let mut nodes: Vec<u32> = silent.iter().map(|&i| job.ranks[i].node).collect();
-        nodes.sort_unstable();
-        nodes.dedup();
-        nodes.len() == 1 && nodes[0] != crate::state::NO_NODE
-    };
+    let one_node = on_one_node(&silent);
     if !singled && !one_node && !patient {
         // Nobody singled out yet: the lines that would may still be on their way.
         return vec![Verdict::NeedMoreData];
