@@ -949,14 +949,17 @@ impl JobState {
     /// Typical iteration length, seconds: per rank the median of its last few
     /// iterations (so a checkpoint pause does not count), then the median over ranks.
     pub fn iteration_secs(&self) -> Option<f64> {
-        let mut v: Vec<f64> = self
-            .ranks
-            .values()
-            .filter_map(|r| {
-                let mut p: Vec<f64> = r.compute.recent(5).map(|s| f64::from(s.period)).collect();
-                median(&mut p).or(r.first_period.map(f64::from))
-            })
-            .collect();
+        // Called several times a pass over every rank of the job: no allocation per rank.
+        let mut v: Vec<f64> = Vec::with_capacity(self.ranks.len());
+        v.extend(self.ranks.values().filter_map(|r| {
+            let mut p = [0.0_f64; 5];
+            let mut n = 0;
+            for s in r.compute.recent(5) {
+                p[n] = f64::from(s.period);
+                n += 1;
+            }
+            median(&mut p[..n]).or(r.first_period.map(f64::from))
+        }));
         median(&mut v)
     }
 

@@ -117,16 +117,28 @@ fn typical_compute(w: Window<'_>) -> Option<f64> {
     median(&mut v)
 }
 
-/// A rank's last `window` samples that are not pauses, if it has enough.
-fn recent_compute(r: &crate::state::RankState, window: usize, cap: f64) -> Option<Vec<f64>> {
-    let v: Vec<f64> = r
-        .compute
-        .recent(window + 2)
-        .map(|s| f64::from(s.secs))
-        .filter(|&x| x <= cap)
-        .take(window)
-        .collect();
-    (v.len() == window).then_some(v)
+/// A rank's last `window` samples that are not pauses, appended to `out`, if it has
+/// enough (otherwise `out` is left as it was).
+fn recent_compute(
+    r: &crate::state::RankState,
+    window: usize,
+    cap: f64,
+    out: &mut Vec<f64>,
+) -> bool {
+    let start = out.len();
+    out.extend(
+        r.compute
+            .recent(window + 2)
+            .map(|s| f64::from(s.secs))
+            .filter(|&x| x <= cap)
+            .take(window),
+    );
+    if out.len() - start == window {
+        true
+    } else {
+        out.truncate(start);
+        false
+    }
 }
 
 /// Per-node and per-rank compute ratios over the last `window` iterations.
@@ -137,28 +149,42 @@ fn recent_compute(r: &crate::state::RankState, window: usize, cap: f64) -> Optio
 /// left out.
 fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Scores> {
     let job = w.job;
-    let per_rank: Vec<(u32, Vec<f64>)> = job
-        .ranks
-        .iter()
-        .filter(|(_, r)| r.alive() && r.node != NO_NODE)
-        .filter_map(|(i, r)| recent_compute(r, window, cap).map(|v| (i, v)))
-        .collect();
-    if per_rank.len() < 4 {
+    if window == 0 {
         return None;
     }
-    // Each rank's median, taken once (`median` reorders a copy; the samples stay).
-    let per_rank: Vec<(u32, f64, Vec<f64>)> = per_rank
-        .into_iter()
-        .filter_map(|(r, v)| median(&mut v.clone()).map(|m| (r, m, v)))
-        .collect();
-    let mut medians: Vec<f64> = per_rank.iter().map(|(_, m, _)| *m).collect();
+    // Every scored rank's samples in one buffer, `window` each, in the ranks' order:
+    // the job's ranks are walked once a pass per window, so nothing is allocated per
+    // rank.
+    let mut samples: Vec<f64> = Vec::with_capacity(job.ranks.len() * window);
+    let mut scored: Vec<(u32, f64)> = Vec::with_capacity(job.ranks.len());
+    let mut scratch: Vec<f64> = Vec::with_capacity(window);
+    for (i, r) in job.ranks.iter() {
+        if !r.alive() || r.node == NO_NODE || !recent_compute(r, window, cap, &mut samples) {
+            continue;
+        }
+        // Each rank's median, taken once (`median` reorders a copy; the samples stay).
+        scratch.clear();
+        scratch.extend_from_slice(&samples[samples.len() - window..]);
+        match median(&mut scratch) {
+            Some(m) => scored.push((i, m)),
+            None => samples.truncate(samples.len() - window),
+        }
+    }
+    if scored.len() < 4 {
+        return None;
+    }
+    let mut medians: Vec<f64> = scored.iter().map(|(_, m)| *m).collect();
     let base = median(&mut medians)?;
     if base <= 1e-6 {
         return None;
     }
-    let mut ratios = Vec::with_capacity(per_rank.len());
-    let mut all = Vec::with_capacity(per_rank.len() * window);
-    let mut within = Vec::with_capacity(per_rank.len() * window);
+    let per_rank = scored
+        .iter()
+        .zip(samples.chunks_exact(window))
+        .map(|(&(r, m), v)| (r, m, v));
+    let mut ratios = Vec::with_capacity(scored.len());
+    let mut all = Vec::with_capacity(samples.len());
+    let mut within = Vec::with_capacity(samples.len());
     let mut by_node: std::collections::BTreeMap<u32, (Vec<u32>, Vec<f64>)> = Default::default();
     for (r, m, v) in per_rank {
         ratios.push((r, m / base));
