@@ -77,6 +77,10 @@ pub struct Metrics {
     incidents_total: IntCounterVec,
     detection_latency: HistogramVec,
     agents: IntGauge,
+    /// Ranks held over all jobs and the engine's count of the bytes of state they
+    /// take: against the process's RSS, what the state costs a rank.
+    held_ranks: IntGauge,
+    held_state_bytes: IntGauge,
     jobs: JobMetrics,
     /// Diagnoses attached to incidents, by source (`rules`, `llm`) and whether the logs
     /// gave a category (`category`, `none`).
@@ -452,6 +456,20 @@ impl Metrics {
                 r.register(Box::new(g.clone()))?;
                 g
             },
+            held_ranks: {
+                let g = IntGauge::new("warden_engine_ranks", "Ranks held, over all jobs.")?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
+            held_state_bytes: {
+                let g = IntGauge::new(
+                    "warden_engine_state_bytes",
+                    "Bytes of job and node state held, as the engine's limits count them \
+                     (each record at its largest; `limits.max_state_bytes` caps it).",
+                )?;
+                r.register(Box::new(g.clone()))?;
+                g
+            },
             diagnoses: {
                 let c = IntCounterVec::new(
                     Opts::new(
@@ -717,6 +735,11 @@ impl Metrics {
             .filter(|(_, ago)| *ago <= AGENT_ALIVE_SECS)
             .count();
         self.agents.set(i64::try_from(alive).unwrap_or(i64::MAX));
+        let held = engine.held();
+        self.held_ranks
+            .set(i64::try_from(held.ranks).unwrap_or(i64::MAX));
+        self.held_state_bytes
+            .set(i64::try_from(held.state_bytes).unwrap_or(i64::MAX));
         self.jobs.update(engine);
         self.node_health.reset();
         self.node_incidents.reset();
@@ -836,6 +859,27 @@ mod tests {
                 "{name} missing:\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn the_state_held_is_exported_with_the_ranks_it_holds() {
+        let m = Metrics::new("0").expect("metrics");
+        let mut e = Engine::new(EngineConfig::default(), Timestamp::ZERO);
+        m.update(&e, Timestamp(1));
+        let text = m.render().expect("render");
+        assert_eq!(value(&text, "warden_engine_ranks"), Some(0.0), "{text}");
+        let batch = br#"{"version": 1, "node": "node-1", "agent_id": "a", "seq": 1,
+            "sent_at_ns": 1700000000000000000,
+            "jobs": [{"job": "j", "ranks": [{"rank": 0, "world_size": 2, "pid": 10},
+                                             {"rank": 1, "world_size": 2, "pid": 11}]}]}"#;
+        e.ingest(batch, Encoding::Json, Timestamp(2))
+            .expect("a valid batch");
+        m.update(&e, Timestamp(2));
+        let text = m.render().expect("render");
+        assert_eq!(value(&text, "warden_engine_ranks"), Some(2.0), "{text}");
+        let bytes = value(&text, "warden_engine_state_bytes").unwrap_or_default();
+        assert_eq!(bytes, e.held().state_bytes as f64, "{text}");
+        assert!(bytes > 0.0, "{text}");
     }
 
     #[test]
