@@ -294,29 +294,53 @@ impl Physics {
             }
         }
 
-        // Compute A, TP allreduce #1, PP exchange, compute B, TP allreduce #2, DP allreduce.
+        // Compute A, TP allreduce #1, PP exchange, compute B, TP allreduce #2, DP allreduce;
+        // with `layers` L, each compute half is L slices, each ending in its layer's TP
+        // allreduce (TP sequence numbers 2Lk + 1 ..= 2Lk + 2L).
+        let layers = u64::from(self.scenario.job.layers.max(1));
+        let slices = layers as f64;
         self.began.copy_from_slice(&self.start);
-        for r in 0..world {
-            self.arrive[r] = self.start[r] + self.compute_a[r];
+        // A stop inside a half takes effect at the first layer's all-reduce the rank
+        // would have entered after it.
+        let mut stop_a = match stop {
+            Some((i, rank, Stop::A(at))) => Some((i, rank, at)),
+            _ => None,
+        };
+        for l in 0..layers {
+            for r in 0..world {
+                let from = if l == 0 { self.start[r] } else { self.end[r] };
+                self.arrive[r] = from + self.compute_a[r] / slices;
+            }
+            if let Some((i, rank, at)) = stop_a
+                && at < self.arrive[rank as usize]
+            {
+                self.arrive[rank as usize] = INF;
+                self.apply_stop(i, rank, at, agents, urgent);
+                stop_a = None;
+            }
+            self.collective(CommKind::Tp, 2 * layers * k + l + 1, &link, agents);
         }
-        if let Some((i, rank, Stop::A(at))) = stop {
-            self.arrive[rank as usize] = INF;
-            self.apply_stop(i, rank, at, agents, urgent);
-        }
-        self.collective(CommKind::Tp, 2 * k + 1, &link, agents);
         self.arrive.copy_from_slice(&self.end);
         self.pipeline(k + 1, &link, agents);
-        for r in 0..world {
-            self.arrive[r] = self.end[r] + self.compute_b[r];
-        }
-        if let Some((i, rank, Stop::B(offset))) = stop {
-            let at = self.end[rank as usize] + offset;
-            self.arrive[rank as usize] = INF;
-            if at.is_finite() {
-                self.apply_stop(i, rank, at, agents, urgent);
+        let mut stop_b = match stop {
+            Some((i, rank, Stop::B(offset))) => Some((i, rank, self.end[rank as usize] + offset)),
+            _ => None,
+        };
+        for l in 0..layers {
+            for r in 0..world {
+                self.arrive[r] = self.end[r] + self.compute_b[r] / slices;
             }
+            if let Some((i, rank, at)) = stop_b
+                && (at < self.arrive[rank as usize] || !at.is_finite())
+            {
+                self.arrive[rank as usize] = INF;
+                if at.is_finite() {
+                    self.apply_stop(i, rank, at, agents, urgent);
+                }
+                stop_b = None;
+            }
+            self.collective(CommKind::Tp, 2 * layers * k + layers + l + 1, &link, agents);
         }
-        self.collective(CommKind::Tp, 2 * k + 2, &link, agents);
         self.arrive.copy_from_slice(&self.end);
         self.collective(CommKind::Dp, k + 1, &link, agents);
 
@@ -754,7 +778,11 @@ impl Physics {
             self.end.copy_from_slice(&self.arrive);
             return;
         }
-        let base = kind.base_fraction() * self.scenario.job.iteration_secs;
+        let mut base = kind.base_fraction() * self.scenario.job.iteration_secs;
+        if kind == CommKind::Tp {
+            // A step's TP time is shared by its layers' all-reduces.
+            base /= f64::from(self.scenario.job.layers.max(1));
+        }
         let gpn = self.topo.gpus_per_node;
         for c in &comms {
             let mut latest = 0.0_f64;

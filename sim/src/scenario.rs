@@ -122,7 +122,14 @@ pub struct Job {
     /// the kernels it has queued. Capture stamps a collective's start at the host's
     /// call, this much before the GPU reaches it.
     pub host_lead_secs: f64,
+    /// Tensor-parallel all-reduces in each half of a step (forward and backward): the
+    /// model's layers, each with its own. The step's compute is split evenly between
+    /// them, and so is the time the two TP all-reduces of a one-layer step take.
+    pub layers: u32,
 }
+
+/// Most `job.layers`.
+pub const MAX_LAYERS: u32 = 256;
 
 /// Benign disturbances a healthy job shows.
 #[derive(Debug, Clone, PartialEq)]
@@ -360,6 +367,7 @@ struct RawJob {
     metrics: Option<String>,
     grad_check: Option<bool>,
     host_lead_ms: Option<f64>,
+    layers: Option<u32>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -603,6 +611,10 @@ impl Scenario {
         if !(host_lead_ms.is_finite() && (0.0..=60_000.0).contains(&host_lead_ms)) {
             c.fail("job.host_lead_ms", "must be in [0, 60000]");
         }
+        let layers = j.layers.unwrap_or(1);
+        if !(1..=MAX_LAYERS).contains(&layers) {
+            c.fail("job.layers", format!("must be in [1, {MAX_LAYERS}]"));
+        }
         let either = |path: &str, top: Option<String>, job: Option<String>, c: &mut Checker| match (
             top, job,
         ) {
@@ -658,6 +670,7 @@ impl Scenario {
                 iteration_secs,
                 jitter,
                 host_lead_secs: host_lead_ms / 1e3,
+                layers,
             },
             noise,
             steps: raw.steps,

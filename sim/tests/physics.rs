@@ -606,3 +606,39 @@ fn a_checkpoint_is_complete_once_every_rank_saved_it_and_none_after_a_crash() {
     let steps: Vec<u64> = clean.checkpoints().iter().map(|&(s, _)| s).collect();
     assert_eq!(steps, [20, 40]);
 }
+
+#[test]
+fn layers_split_a_step_into_as_many_tp_all_reduces_in_the_same_time() {
+    let one = SMALL.replace("steps: 60", "steps: 12");
+    let deep = one.replace("iteration_secs: 0.5}", "iteration_secs: 0.5, layers: 4}");
+    assert_ne!(one, deep);
+    let tp_seqs = |rec: &Recorder| {
+        let tp: std::collections::HashSet<u64> = rec
+            .batches
+            .iter()
+            .flat_map(|(_, b)| b.jobs.iter().flat_map(|j| j.comms.iter()))
+            .filter(|c| c.name.contains("tp"))
+            .map(|c| c.comm)
+            .collect();
+        assert_eq!(tp.len(), 8, "one TP communicator per TP group");
+        let mut per_comm: BTreeMap<u64, std::collections::BTreeSet<u64>> = BTreeMap::new();
+        for (_, c) in collectives(rec) {
+            if tp.contains(&c.comm) && !c.in_flight() {
+                per_comm.entry(c.comm).or_default().insert(c.seq);
+            }
+        }
+        per_comm
+    };
+    let last_end = |rec: &Recorder| collectives(rec).map(|(_, c)| c.end_ns).max().unwrap_or(0);
+    let (_, shallow) = record(&one);
+    let (_, layered) = record(&deep);
+    for (layers, rec) in [(1u64, &shallow), (4, &layered)] {
+        for (comm, seqs) in tp_seqs(rec) {
+            let want: std::collections::BTreeSet<u64> = (1..=2 * layers * 12).collect();
+            assert_eq!(seqs, want, "comm {comm:x} with {layers} layers");
+        }
+    }
+    // The same compute and TP time, cut finer: the run ends at about the same moment.
+    let (a, b) = (secs(last_end(&shallow)), secs(last_end(&layered)));
+    assert!((b - a).abs() < 0.05 * a, "{a} s against {b} s");
+}

@@ -158,6 +158,14 @@ fn numbers_out_of_range_are_named() {
     check("job: {}\nsteps: 0\n", "steps: must be >= 1");
     check("job: {jitter: 1.5}\nsteps: 10\n", "job.jitter");
     check(
+        "job: {layers: 0}\nsteps: 10\n",
+        "job.layers: must be in [1, 256]",
+    );
+    check(
+        "job: {layers: 257}\nsteps: 10\n",
+        "job.layers: must be in [1, 256]",
+    );
+    check(
         "job: {}\nnoise: {hiccup_prob: 2}\nsteps: 10\n",
         "noise.hiccup_prob",
     );
