@@ -756,6 +756,11 @@ pub struct JobState {
     pub restart_requested_at: Option<Timestamp>,
     /// Per-peer network timing (the NCCL plugin's proxy steps).
     pub links: Links,
+    /// The node of the first rank placed, and whether a rank was placed on another: a
+    /// job on several nodes closes its ranks' iterations on a communicator that spans
+    /// nodes ([`choose_anchor`]).
+    first_node: Option<u32>,
+    multi_node: bool,
     /// While a batch is applied: ranks it may still add, the bounds, and what it could
     /// not add.
     budget: Budget,
@@ -788,6 +793,8 @@ impl JobState {
         self.comms.clear();
         self.comm_index.clear();
         self.links.clear();
+        self.first_node = None;
+        self.multi_node = false;
         self.restart_requested_at = None;
     }
 
@@ -869,6 +876,17 @@ impl JobState {
                 && (m.last_started_seq > c.max_completed_seq || c.partially_completed(m)))
             .then_some((ci, m.last_started_seq))
         })
+    }
+
+    /// A rank was placed on `node`.
+    fn saw_node(&mut self, node: u32) {
+        if node == NO_NODE {
+            return;
+        }
+        match self.first_node {
+            None => self.first_node = Some(node),
+            Some(first) => self.multi_node |= first != node,
+        }
     }
 
     /// Whether every member of `c` is known to be on one node.
@@ -1710,6 +1728,10 @@ fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestam
     };
     r.node = node;
     r.gpu = info.gpu_index;
+    job.saw_node(node);
+    let Some(r) = job.ranks.get_mut(info.rank) else {
+        return;
+    };
     if info.pid != 0 && info.pid != r.pid {
         // A new process for this rank (a restart) starts a new life.
         if r.pid != 0 {
@@ -1888,7 +1910,7 @@ fn apply_collective(
     }
     rank.period_wait_ns += wait_ns;
     if rank.anchor.is_none() && completions >= 4 {
-        let anchor = choose_anchor(&job.comms, &job.ranks[ev.rank].comms);
+        let anchor = choose_anchor(job, &job.ranks[ev.rank].comms);
         job.ranks[ev.rank].anchor = anchor;
     }
     let rank = &mut job.ranks[ev.rank];
@@ -1914,29 +1936,65 @@ fn apply_collective(
     true
 }
 
-/// Completions of the busiest communicator after which one that has completed fewer
-/// than two collectives is taken as idle (used once at start, or never: a process
-/// group made for a barrier, a communicator that only carries point-to-point traffic)
-/// and no longer holds the anchor back.
-const IDLE_AFTER: u32 = 16;
+/// Completions of the least frequent communicator with two or more after which one
+/// that has completed fewer than two collectives is taken as idle (used once at start,
+/// or never: a process group made for a barrier, a communicator that only carries
+/// point-to-point traffic) and no longer holds the anchor back. Counted on the least
+/// frequent, not the busiest: a deep model's per-layer communicator (tensor
+/// parallelism) completes dozens of collectives in its first step, before the
+/// once-a-step one has completed twice, and would otherwise cut iterations into layers.
+const IDLE_AFTER: u32 = 8;
+
+/// Completions a communicator inside one node may reach, in a job on several nodes,
+/// before it closes a rank's iterations for want of one that spans nodes.
+const INSIDE_NODE_PATIENCE: u32 = 512;
 
 /// The rank's least frequent communicator, once every one has a few completions, or
-/// once one has [`IDLE_AFTER`], among those with a few.
-fn choose_anchor(comms: &[CommState], mine: &[(u32, u32)]) -> Option<u32> {
+/// once the least frequent of those with a few has [`IDLE_AFTER`], among those.
+///
+/// In a job on several nodes it is one that spans nodes: inside a node the NCCL
+/// plugin's default mask reports enqueues as completions, and a communicator is
+/// created lazily, at its first collective, so a deep model's per-layer one (tensor
+/// parallelism, inside a node) may be a rank's only communicator for its whole first
+/// step. One inside a node closes iterations there only after
+/// [`INSIDE_NODE_PATIENCE`] completions with none spanning nodes in sight.
+fn choose_anchor(job: &JobState, mine: &[(u32, u32)]) -> Option<u32> {
+    let comms = &job.comms;
     let counts: Vec<u32> = mine
         .iter()
         .map(|&(ci, s)| comms[ci as usize].members[s as usize].completions)
         .collect();
-    let busiest = counts.iter().copied().max().unwrap_or(0);
-    if counts.iter().any(|&c| c < 2) && busiest < IDLE_AFTER {
+    let least_counted = counts
+        .iter()
+        .copied()
+        .filter(|&c| c >= 2)
+        .min()
+        .unwrap_or(0);
+    if counts.iter().any(|&c| c < 2) && least_counted < IDLE_AFTER {
         return None;
     }
-    counts
-        .iter()
-        .enumerate()
-        .filter(|&(_, c)| *c >= 2)
-        .min_by_key(|&(_, c)| *c)
-        .map(|(i, _)| i as u32)
+    let least = |spanning: Option<bool>| {
+        counts
+            .iter()
+            .enumerate()
+            .filter(|&(_, c)| *c >= 2)
+            .filter(|&(i, _)| {
+                spanning.is_none_or(|want| want != job.inside_one_node(&comms[mine[i].0 as usize]))
+            })
+            .min_by_key(|&(_, c)| *c)
+            .map(|(i, _)| i as u32)
+    };
+    if !job.multi_node {
+        return least(None);
+    }
+    least(Some(true)).or_else(|| {
+        let busiest = counts.iter().copied().max().unwrap_or(0);
+        if busiest >= INSIDE_NODE_PATIENCE {
+            least(None)
+        } else {
+            None
+        }
+    })
 }
 
 fn apply_metric(job: &mut JobState, m: &TrainingMetric, offset: i64, now: Timestamp) {
@@ -2046,6 +2104,7 @@ fn place(job: &mut JobState, rank: u32, node: u32) {
         && r.node == NO_NODE
     {
         r.node = node;
+        job.saw_node(node);
     }
 }
 
@@ -2113,7 +2172,7 @@ fn prefix(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use warden_model::wire::{CollOp, JobSignals};
+    use warden_model::wire::{CollOp, JobSignals, RankInfo};
 
     const T0: i64 = 1_767_225_600_000_000_000;
 
@@ -2320,6 +2379,52 @@ mod tests {
         assert_eq!(r.anchor, Some(2), "comm 2, once an iteration, closes them");
         let med = rank_compute_median(r, 4).expect("samples");
         assert!((med - 1.0).abs() < 1e-3, "compute {med}");
+    }
+
+    #[test]
+    fn a_deep_models_per_layer_communicator_never_closes_iterations() {
+        // Ranks 0 and 1 on n0, rank 2 on n1. Per iteration: 1 s of compute in 40 slices,
+        // each ending in an all-reduce on comm 1 (a layer's, tensor parallel, ranks 0
+        // and 1), then one on comm 2 (data parallel, ranks 0 and 2, across nodes). Comm
+        // 1 completes 40 times before comm 2 is even seen.
+        let (mut c, mut st) = (Cluster::default(), EngineStats::default());
+        for (seq, node, rank) in [(1, "n0", 0), (2, "n0", 1), (1, "n1", 2)] {
+            let mut b = batch(node, seq, 0.0, vec![]);
+            b.jobs[0].ranks.push(RankInfo {
+                rank,
+                world_size: 3,
+                pid: 10 + rank,
+                ..Default::default()
+            });
+            c.apply(b, at(0.0), &mut st);
+        }
+        let (mut t, mut s1) = (0.0, 0);
+        let mut anchors = vec![];
+        for it in 1..=12u64 {
+            let mut evs = vec![];
+            for _ in 0..40 {
+                t += 0.025;
+                s1 += 1;
+                for r in [0, 1] {
+                    evs.push(coll(1, r, s1, t, Some(t + 0.001)));
+                }
+                t += 0.001;
+            }
+            for r in [0, 2] {
+                evs.push(coll(2, r, it, t, Some(t + 0.1)));
+            }
+            t += 0.1;
+            c.apply(batch("n0", it + 2, t + 0.01, evs), at(t + 0.01), &mut st);
+            anchors.push(c.jobs["j"].ranks[0].anchor);
+        }
+        assert!(
+            anchors.iter().all(|a| *a != Some(0)),
+            "the per-layer communicator never anchors: {anchors:?}"
+        );
+        let r = &c.jobs["j"].ranks[0];
+        assert_eq!(r.anchor, Some(1), "comm 2, once an iteration, closes them");
+        let med = rank_compute_median(r, 4).expect("samples");
+        assert!((med - 1.0).abs() < 0.01, "compute {med}");
     }
 
     #[test]
