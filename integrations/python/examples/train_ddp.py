@@ -28,6 +28,9 @@ exception in user code; ``stall`` makes that rank wait forever before the step's
 compute (alive and running, as in a deadlock or a stuck data loader). SIGSTOP and SIGKILL come from outside (the rank writes its pid
 to ``--pid-dir``, and under Slurm its node's name beside it).
 
+The process group's timeout is ``--pg-timeout-s`` (120 s unless given);
+``--pg-default-timeout`` passes none, so PyTorch's default applies.
+
 With ``--checkpoint-dir`` rank 0 saves a checkpoint every ``--checkpoint-every`` steps in
 Megatron-LM's layout (``iter_0000040/mp_rank_00/model_optim_rng.pt``, then the tracker
 ``latest_checkpointed_iteration.txt``, each written whole and renamed into place), and
@@ -61,7 +64,14 @@ def main():
     p.add_argument("--fault-step", type=int, default=0)
     p.add_argument("--slow-factor", type=float, default=1.5)
     p.add_argument("--pid-dir", default=None, help="write rank<N>.pid and steps.log here")
-    p.add_argument("--pg-timeout-s", type=float, default=120.0)
+    p.add_argument("--pg-timeout-s", type=float, default=None,
+                   help="the process group's timeout, seconds (default 120)")
+    p.add_argument(
+        "--pg-default-timeout",
+        action="store_true",
+        help="pass no timeout to init_process_group: PyTorch's default (30 minutes for gloo, "
+        "10 for NCCL, in torch 2.15.0)",
+    )
     p.add_argument("--no-warden", action="store_true", help="train without reporting (overhead baseline)")
     p.add_argument(
         "--print-loss",
@@ -89,13 +99,19 @@ def main():
     args = p.parse_args()
     if args.shape != "ddp" and args.checkpoint_dir:
         p.error("--checkpoint-dir is for --shape ddp")
+    if args.pg_default_timeout and args.pg_timeout_s is not None:
+        p.error("--pg-default-timeout and --pg-timeout-s exclude each other")
 
     device = torch.device("cpu")
     if args.backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", "0"))
         device = torch.device("cuda", local % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=args.pg_timeout_s))
+    if args.pg_default_timeout:
+        dist.init_process_group(args.backend)
+    else:
+        timeout = 120.0 if args.pg_timeout_s is None else args.pg_timeout_s
+        dist.init_process_group(args.backend, timeout=datetime.timedelta(seconds=timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     if not args.no_warden:
         warden_torch.init()
