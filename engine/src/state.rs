@@ -1973,27 +1973,24 @@ fn choose_anchor(job: &JobState, mine: &[(u32, u32)]) -> Option<u32> {
     if counts.iter().any(|&c| c < 2) && least_counted < IDLE_AFTER {
         return None;
     }
-    let least = |spanning: Option<bool>| {
+    // The least frequent with a few completions, of those that span nodes only, or all.
+    let least = |spanning_only: bool| {
         counts
             .iter()
             .enumerate()
             .filter(|&(_, c)| *c >= 2)
-            .filter(|&(i, _)| {
-                spanning.is_none_or(|want| want != job.inside_one_node(&comms[mine[i].0 as usize]))
-            })
+            .filter(|&(i, _)| !spanning_only || !job.inside_one_node(&comms[mine[i].0 as usize]))
             .min_by_key(|&(_, c)| *c)
             .map(|(i, _)| i as u32)
     };
     if !job.multi_node {
-        return least(None);
+        return least(false);
     }
-    least(Some(true)).or_else(|| {
-        let busiest = counts.iter().copied().max().unwrap_or(0);
-        if busiest >= INSIDE_NODE_PATIENCE {
-            least(None)
-        } else {
-            None
-        }
+    let busiest = counts.iter().copied().max().unwrap_or(0);
+    least(true).or_else(|| {
+        (busiest >= INSIDE_NODE_PATIENCE)
+            .then(|| least(false))
+            .flatten()
     })
 }
 

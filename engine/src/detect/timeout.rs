@@ -171,18 +171,18 @@ pub fn check(cfg: &TimeoutConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict>
             ),
         })
         .collect();
-    if cut_short.iter().any(|i| !silent.contains(i)) {
-        let short: Vec<u32> = cut_short
-            .iter()
-            .copied()
-            .filter(|i| !silent.contains(i))
-            .collect();
+    let left_out: Vec<u32> = cut_short
+        .iter()
+        .copied()
+        .filter(|i| !silent.contains(i))
+        .collect();
+    if !left_out.is_empty() {
         evidence.push(Evidence {
             at: now,
             text: format!(
                 "{}: terminated by the launcher (SIGTERM) after a rank on the same node \
                  failed, before logging why; not counted as silent",
-                ranks(&short)
+                ranks(&left_out)
             ),
         });
     }
