@@ -550,8 +550,33 @@ pub struct CommState {
     pub waits: Ring<f32, WAIT_RING>,
     block_max: f32,
     block_n: u32,
-    /// Whether members sit on more than one node (None until computed).
-    pub multi_node: Option<bool>,
+    /// Highest sequence number any member entered.
+    pub max_started_seq: u64,
+    /// Members that entered `max_started_seq`: fewer than all means some lag behind.
+    pub at_max_started: u32,
+    /// Earliest entry into `max_started_seq` among its members (controller clock).
+    pub max_started_first_at: Timestamp,
+    /// [`JobState::inside_one_node`] as last computed, for the job's placements
+    /// generation and member count it was computed at.
+    one_node: std::cell::Cell<OneNode>,
+}
+
+/// A communicator's cached answer to whether its members sit on one node.
+#[derive(Debug, Clone, Copy)]
+struct OneNode {
+    placements: u64,
+    members: usize,
+    value: bool,
+}
+
+impl Default for OneNode {
+    fn default() -> Self {
+        OneNode {
+            placements: u64::MAX,
+            members: 0,
+            value: false,
+        }
+    }
 }
 
 impl CommState {
@@ -580,7 +605,10 @@ impl CommState {
             waits: Ring::default(),
             block_max: 0.0,
             block_n: 0,
-            multi_node: None,
+            max_started_seq: 0,
+            at_max_started: 0,
+            max_started_first_at: Timestamp::MAX,
+            one_node: Default::default(),
         }
     }
 
@@ -761,6 +789,8 @@ pub struct JobState {
     /// nodes ([`choose_anchor`]).
     first_node: Option<u32>,
     multi_node: bool,
+    /// Bumped whenever a rank's node changes: the generation of cached placements.
+    placements: u64,
     /// While a batch is applied: ranks it may still add, the bounds, and what it could
     /// not add.
     budget: Budget,
@@ -848,7 +878,6 @@ impl JobState {
             rank,
             ..Member::default()
         });
-        comm.multi_node = None;
         self.ranks[rank].comms.push((ci, s));
         Some(s)
     }
@@ -889,13 +918,29 @@ impl JobState {
         }
     }
 
-    /// Whether every member of `c` is known to be on one node.
+    /// Whether every member of `c` is known to be on one node. Cached per communicator
+    /// until a member joins or a rank of the job moves.
     pub fn inside_one_node(&self, c: &CommState) -> bool {
+        let cached = c.one_node.get();
+        if cached.placements == self.placements && cached.members == c.members.len() {
+            return cached.value;
+        }
         let node = |r: u32| self.ranks.get(r).map_or(NO_NODE, |x| x.node);
-        let Some(first) = c.members.first().map(|m| node(m.rank)) else {
-            return false;
-        };
-        first != NO_NODE && c.members.len() > 1 && c.members.iter().all(|m| node(m.rank) == first)
+        let value = c
+            .members
+            .first()
+            .map(|m| node(m.rank))
+            .is_some_and(|first| {
+                first != NO_NODE
+                    && c.members.len() > 1
+                    && c.members.iter().all(|m| node(m.rank) == first)
+            });
+        c.one_node.set(OneNode {
+            placements: self.placements,
+            members: c.members.len(),
+            value,
+        });
+        value
     }
 
     /// Whether rank `r` entered, in a communicator it shares with rank `p`, an
@@ -1726,8 +1771,12 @@ fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestam
     let Some(r) = job.rank_mut(info.rank) else {
         return;
     };
+    let moved = r.node != node;
     r.node = node;
     r.gpu = info.gpu_index;
+    if moved {
+        job.placements = job.placements.wrapping_add(1);
+    }
     job.saw_node(node);
     let Some(r) = job.ranks.get_mut(info.rank) else {
         return;
@@ -1856,6 +1905,14 @@ fn apply_collective(
         m.last_started_at = start;
         m.last_started_op = ev.op;
         fresh = true;
+        if ev.seq > comm.max_started_seq {
+            comm.max_started_seq = ev.seq;
+            comm.at_max_started = 1;
+            comm.max_started_first_at = start;
+        } else if ev.seq == comm.max_started_seq {
+            comm.at_max_started += 1;
+            comm.max_started_first_at = comm.max_started_first_at.min(start);
+        }
     }
     if ev.in_flight() {
         if ev.seq == m.last_started_seq {
@@ -2101,6 +2158,7 @@ fn place(job: &mut JobState, rank: u32, node: u32) {
         && r.node == NO_NODE
     {
         r.node = node;
+        job.placements = job.placements.wrapping_add(1);
         job.saw_node(node);
     }
 }
@@ -2334,6 +2392,74 @@ mod tests {
         assert_eq!(st.stale_records, 3);
         let m = &c.jobs["j"].comms[0].members[0];
         assert_eq!((m.last_started_seq, m.last_completed_seq), (2, 2));
+    }
+
+    #[test]
+    fn a_communicators_entry_summary_is_what_walking_its_members_says() {
+        // Records arrive out of order, twice, in flight and completed, with members
+        // joining late: the summary kept per record equals a walk of the members.
+        let mut c = Cluster::default();
+        let mut st = EngineStats::default();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for b in 0..400u64 {
+            let mut colls = Vec::new();
+            for _ in 0..1 + next(6) {
+                let rank = next(8) as u32;
+                let seq = 1 + next(12);
+                let start = seq as f64 + next(100) as f64 / 100.0;
+                let end = (next(3) > 0).then_some(start + 0.5);
+                colls.push(coll(1, rank, seq, start, end));
+            }
+            c.apply(batch("n0", b + 1, 20.0, colls), at(20.0), &mut st);
+            let cm = &c.jobs["j"].comms[0];
+            let max = cm.members.iter().map(|m| m.last_started_seq).max();
+            assert_eq!(Some(cm.max_started_seq), max);
+            let at_max: Vec<&Member> = cm
+                .members
+                .iter()
+                .filter(|m| m.last_started_seq == cm.max_started_seq)
+                .collect();
+            assert_eq!(cm.at_max_started as usize, at_max.len());
+            let first = at_max.iter().map(|m| m.last_started_at).min();
+            assert_eq!(Some(cm.max_started_first_at), first);
+        }
+    }
+
+    #[test]
+    fn whether_a_communicator_sits_inside_one_node_follows_its_members_moves() {
+        let mut c = Cluster::default();
+        let mut st = EngineStats::default();
+        let register = |c: &mut Cluster, st: &mut EngineStats, node: &str, seq, rank| {
+            let mut b = batch(node, seq, 1.0, vec![coll(1, rank, 1, 0.0, Some(0.5))]);
+            b.jobs[0].ranks.push(RankInfo {
+                rank,
+                world_size: 3,
+                pid: 10 + rank,
+                ..Default::default()
+            });
+            c.apply(b, at(1.0), st);
+        };
+        let one_node = |c: &Cluster| {
+            let j = &c.jobs["j"];
+            j.inside_one_node(&j.comms[0])
+        };
+        register(&mut c, &mut st, "n0", 1, 0);
+        register(&mut c, &mut st, "n0", 2, 1);
+        assert!(one_node(&c));
+        // A member joins from another node.
+        register(&mut c, &mut st, "n1", 1, 2);
+        assert!(!one_node(&c));
+        // It moves (a restart placed it elsewhere): the answer follows.
+        register(&mut c, &mut st, "n0", 3, 2);
+        assert!(one_node(&c));
+        register(&mut c, &mut st, "n1", 2, 1);
+        assert!(!one_node(&c));
     }
 
     #[test]

@@ -136,16 +136,45 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     if job.exited() as f64 / known as f64 >= cfg.exited_fraction {
         return vec![];
     }
-    let learned = learned_waits(job);
-    let iteration = job.iteration_secs();
+    // Both walk the whole job: computed at the first communicator that needs them.
+    let mut learned = None;
+    let mut job_iteration = None;
     let mut stalls: Vec<Stall<'_>> = Vec::new();
     for c in &job.comms {
-        let seq = c
-            .members
-            .iter()
-            .map(|m| m.last_started_seq)
-            .max()
-            .unwrap_or(0);
+        let seq = c.max_started_seq;
+        // Without walking the members: a wait runs from the in-flight hint, or, inside
+        // one node with some members behind (maybe unconfirmed, below), from the first
+        // entry into `seq`. Neither old enough, or `seq` completed where it cannot be
+        // unconfirmed: no stall here (the walk below would find none either).
+        let maybe_unconfirmed =
+            (c.at_max_started as usize) < c.members.len() && job.inside_one_node(c);
+        let earliest = if maybe_unconfirmed {
+            c.inflight_since.min(c.max_started_first_at)
+        } else {
+            c.inflight_since
+        };
+        if seq == 0
+            || earliest == Timestamp::MAX
+            || now.secs_since(earliest) < cfg.min_wait_secs
+            || (!maybe_unconfirmed && seq <= c.max_completed_seq)
+        {
+            continue;
+        }
+        let iteration = *job_iteration.get_or_insert_with(|| job.iteration_secs());
+        let mut bound = bound_secs(
+            cfg,
+            learned
+                .get_or_insert_with(|| learned_waits(job))
+                .get(&class_of(c))
+                .copied()
+                .unwrap_or_default(),
+            iteration,
+        );
+        // No wait confirmed below starts before `earliest` or ends after now, and an
+        // unconfirmed one's bound only grows.
+        if now.secs_since(earliest) < bound {
+            continue;
+        }
         let alive = |r: u32| job.ranks.get(r).is_some_and(|x| x.alive());
         // Inside one node the NCCL plugin's default mask shows the enqueue as the
         // completion (no proxy operations there); a collective that a live member never
@@ -219,11 +248,6 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
         {
             continue;
         }
-        let mut bound = bound_secs(
-            cfg,
-            learned.get(&class_of(c)).copied().unwrap_or_default(),
-            iteration,
-        );
         if unconfirmed {
             // Its waits were never seen (enqueues stood in for completions): only the
             // job's iteration time says how late a member may legitimately be.
@@ -269,6 +293,7 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
     if stalls.is_empty() {
         return vec![];
     }
+    let iteration = job_iteration.unwrap_or_else(|| job.iteration_secs());
 
     // Roots: missing members that are not themselves blocked in some collective, and
     // have been away from collectives far longer than they usually are and than the
