@@ -219,14 +219,20 @@ pub fn check(cfg: &HangConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdict> {
                     waiting += 1;
                     oldest = oldest.min(m.last_started_at);
                     all_in = all_in.max(m.last_started_at);
-                    still_reported = still_reported.max(if unconfirmed {
-                        // Its record says completed; its agent has said nothing newer.
-                        job.ranks
-                            .get(m.rank)
-                            .map_or(m.inflight_seen, |r| w.cluster.cut_of(r.node))
-                    } else {
-                        m.inflight_seen
-                    });
+                    still_reported =
+                        still_reported.max(if unconfirmed && m.last_completed_seq >= seq {
+                            // Its record says completed (an enqueue standing in for the
+                            // completion); its agent has said nothing newer. A record still
+                            // in flight is re-sent while the member is inside: confirmed
+                            // only as far as that, so a lost completion (a dropped batch)
+                            // followed by a pause in which nobody enters anything (a
+                            // checkpoint) cannot look like a wait.
+                            job.ranks
+                                .get(m.rank)
+                                .map_or(m.inflight_seen, |r| w.cluster.cut_of(r.node))
+                        } else {
+                            m.inflight_seen
+                        });
                     let before = job.last_progress(m.rank);
                     if before > Timestamp::ZERO {
                         waiter_gaps.push(m.last_started_at.secs_since(before).max(0.0));

@@ -366,6 +366,53 @@ fn a_wait_nobody_reports_any_more_is_not_a_hang() {
     check(&j, IncidentKind::Hang, 40.0, None);
 }
 
+/// [`steady`], with every rank on one node (a tensor-parallel group).
+fn steady_on_one_node(nranks: u32) -> Job {
+    let mut j = Job::new(1, nranks);
+    for k in 1..=60u64 {
+        let t = k as f64 * 0.1 - 6.5;
+        for r in 0..nranks {
+            j.coll(8, r, k, t, Some(t + 0.05));
+        }
+    }
+    for seq in 1..=9u64 {
+        let t = seq as f64;
+        for r in 0..nranks {
+            j.coll(7, r, seq, t - 0.1, Some(t));
+        }
+    }
+    j
+}
+
+#[test]
+fn a_wait_inside_a_node_nobody_reports_any_more_is_not_a_hang() {
+    // Inside one node: ranks 0-2 were seen inside seq 10, then the batches holding
+    // rank 3's entry and everyone's completion were lost, and the job went quiet (a
+    // checkpoint). The node's agent keeps reporting, but no longer that anyone is
+    // inside: rank 3's missing entry confirms nothing.
+    let mut j = steady_on_one_node(4);
+    for r in 0..3 {
+        j.coll(7, r, 10, 10.0, None);
+    }
+    j.in_flight.clear();
+    for t in 11..=40 {
+        j.heartbeats(f64::from(t));
+    }
+    check(&j, IncidentKind::Hang, 40.0, None);
+}
+
+#[test]
+fn a_wait_inside_a_node_its_agent_keeps_reporting_names_the_rank_that_never_entered() {
+    let mut j = steady_on_one_node(4);
+    for r in 0..3 {
+        j.coll(7, r, 10, 10.0, None);
+    }
+    for t in 11..=40 {
+        j.heartbeats(f64::from(t));
+    }
+    check(&j, IncidentKind::Hang, 40.0, Some(&[3]));
+}
+
 #[test]
 fn uneven_return_from_a_checkpoint_is_not_a_hang() {
     // Everyone paused 30 s; rank 3 comes back 1.5 s after the others.
