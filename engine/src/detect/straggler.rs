@@ -5,7 +5,9 @@
 //! the same) are not blamed. Medians over several iterations make one-off hiccups that
 //! move between ranks, and checkpoint pauses that hit every rank at once, noise. A
 //! median must also stand above what chance makes of its window, given how far single
-//! samples scatter (ranks sharing busy CPUs scatter far; a GPU's compute hardly).
+//! samples scatter (ranks sharing busy CPUs scatter far; a GPU's compute hardly) and
+//! how far a node's iterations scatter as a whole (its ranks share a host and a
+//! tensor-parallel group, so their samples of one iteration rise and fall together).
 
 use warden_model::{Evidence, Finding, IncidentKind, Severity, Timestamp};
 
@@ -74,6 +76,11 @@ struct Scores {
     ratios: Vec<(u32, f64)>,
     nodes: Vec<NodeScore>,
     sample_sigma: f64,
+    /// Robust relative spread of a node's iteration (the median of its ranks' samples
+    /// of one iteration) about the job's same iteration, over nodes of
+    /// [`SHARED_NOISE_RANKS`] ranks or more: the noise a node's ranks share within an
+    /// iteration, which their pooled samples cannot average out.
+    iteration_sigma: f64,
     /// Robust relative spread of single samples about their own rank's median: the
     /// noise a rank's median is read through, its speed left out.
     within_sigma: f64,
@@ -97,6 +104,48 @@ fn node_score(pooled: &mut [f64]) -> Option<f64> {
         return Some(pooled[0]);
     }
     Some(pooled[pooled.len() / 4])
+}
+
+/// Ranks a node needs for its iterations' medians to measure the noise its ranks share.
+const SHARED_NOISE_RANKS: usize = 3;
+
+/// How far nodes' iterations scatter about the job's same iterations (robust relative
+/// spread), from each node of [`SHARED_NOISE_RANKS`] ranks or more: per iteration of the
+/// window, the median of its ranks' samples, over the median of all such nodes' medians
+/// of that iteration. Samples of one node in one iteration are not independent (its
+/// ranks share a host, a tensor-parallel group and what delays it), so the chance a
+/// node's pooled median stands high is bounded by this as well as by the samples'
+/// count. `nodes` yields each node's rank count and pooled samples (`window` a rank,
+/// rank after rank, newest first: a node's ranks report in the same batches, so their
+/// iterations line up). 0 when fewer than three nodes qualify.
+fn shared_noise<'a>(nodes: impl Iterator<Item = (usize, &'a [f64])>, window: usize) -> f64 {
+    let mut medians: Vec<Vec<f64>> = Vec::new();
+    let mut column = Vec::new();
+    for (ranks, pooled) in nodes {
+        if ranks < SHARED_NOISE_RANKS || window == 0 || pooled.len() != ranks * window {
+            continue;
+        }
+        let mut per_iteration = Vec::with_capacity(window);
+        for j in 0..window {
+            column.clear();
+            column.extend(pooled.iter().skip(j).step_by(window));
+            per_iteration.push(median(&mut column).unwrap_or(0.0));
+        }
+        medians.push(per_iteration);
+    }
+    if medians.len() < 3 {
+        return 0.0;
+    }
+    let mut relative = Vec::with_capacity(medians.len() * window);
+    for j in 0..window {
+        column.clear();
+        column.extend(medians.iter().map(|m| m[j]));
+        let Some(job) = median(&mut column).filter(|m| *m > 1e-9) else {
+            continue;
+        };
+        relative.extend(medians.iter().map(|m| m[j] / job));
+    }
+    robust_sigma(&relative)
 }
 
 /// Samples longer than this many times the job's typical compute are pauses (a
@@ -196,6 +245,10 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
             within.extend(v.iter().map(|x| x / m));
         }
     }
+    let iteration_sigma = shared_noise(
+        by_node.values().map(|(r, p)| (r.len(), p.as_slice())),
+        window,
+    );
     let nodes = by_node
         .into_iter()
         .filter(|(_, (ranks, _))| ranks.len() >= min_ranks)
@@ -214,6 +267,7 @@ fn scores(w: Window<'_>, window: usize, min_ranks: usize, cap: f64) -> Option<Sc
         ratios,
         nodes,
         sample_sigma: robust_sigma(&all),
+        iteration_sigma,
         within_sigma: robust_sigma(&within),
     })
 }
@@ -335,8 +389,15 @@ pub fn check(cfg: &StragglerConfig, w: Window<'_>, now: Timestamp) -> Vec<Verdic
         for n in sc.nodes {
             // Above the floor, above the spread between nodes, and above what chance
             // makes of this many samples.
-            let chance =
+            let mut chance =
                 1.0 + cfg.sample_sigmas * 1.25 * sc.sample_sigma / (n.samples as f64).sqrt();
+            if n.ranks.len() >= SHARED_NOISE_RANKS {
+                // ... and above what the noise its ranks share makes of this many
+                // iterations.
+                chance = chance.max(
+                    1.0 + cfg.sample_sigmas * 1.25 * sc.iteration_sigma / (window as f64).sqrt(),
+                );
+            }
             let threshold = min_ratio.max(1.0 + cfg.sigmas * sigma).max(chance);
             if n.ratio >= threshold && !flagged.iter().any(|f| f.0 == n.node) {
                 flagged.push((n.node, n.ratio, sc.base, n.ranks, window));
@@ -448,4 +509,66 @@ fn onset_of(w: Window<'_>, ranks: &[u32], level: f64) -> Option<Timestamp> {
             let p = w.job.iteration_secs().unwrap_or(0.0);
             t.plus_secs(-p)
         })
+}
+
+#[cfg(test)]
+mod shared_noise_tests {
+    use super::shared_noise;
+
+    /// `nodes` nodes of `ranks` ranks over `window` iterations: sample = 1 + the node's
+    /// shared offset of that iteration + the rank's own; pooled rank after rank.
+    fn pools(
+        nodes: usize,
+        ranks: usize,
+        window: usize,
+        shared: impl Fn(usize, usize) -> f64,
+        own: impl Fn(usize, usize, usize) -> f64,
+    ) -> Vec<Vec<f64>> {
+        (0..nodes)
+            .map(|n| {
+                (0..ranks)
+                    .flat_map(|r| (0..window).map(move |j| (r, j)))
+                    .map(|(r, j)| 1.0 + shared(n, j) + own(n, r, j))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Deterministic spread in [-1, 1).
+    fn spread(a: usize, b: usize, c: usize) -> f64 {
+        ((a * 7919 + b * 104_729 + c * 1_299_709) % 1000) as f64 / 500.0 - 1.0
+    }
+
+    #[test]
+    fn what_a_nodes_ranks_share_in_an_iteration_is_measured_and_their_own_noise_is_not() {
+        let window = 3;
+        // Ranks' own noise only (±10%): a node's iteration median averages it away.
+        let own = pools(16, 8, window, |_, _| 0.0, |n, r, j| 0.1 * spread(n, r, j));
+        let own = shared_noise(own.iter().map(|p| (8, p.as_slice())), window);
+        // The same, plus ±10% a node's ranks share in each iteration.
+        let both = pools(
+            16,
+            8,
+            window,
+            |n, j| 0.1 * spread(n, j, 7),
+            |n, r, j| 0.1 * spread(n, r, j),
+        );
+        let both = shared_noise(both.iter().map(|p| (8, p.as_slice())), window);
+        assert!(own < 0.05, "own noise alone: {own}");
+        assert!(
+            both > 0.05 && both > 2.0 * own,
+            "shared {both} vs own {own}"
+        );
+        // Nodes of two ranks say nothing about it, and three nodes are the least.
+        let small = pools(16, 2, window, |n, j| 0.1 * spread(n, j, 7), |_, _, _| 0.0);
+        assert_eq!(
+            shared_noise(small.iter().map(|p| (2, p.as_slice())), window),
+            0.0
+        );
+        let few = pools(2, 8, window, |n, j| 0.1 * spread(n, j, 7), |_, _, _| 0.0);
+        assert_eq!(
+            shared_noise(few.iter().map(|p| (8, p.as_slice())), window),
+            0.0
+        );
+    }
 }
