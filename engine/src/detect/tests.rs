@@ -304,7 +304,16 @@ fn stopped_at(r: u32, t: f64) -> ProcessState {
 }
 
 fn steady(nranks: u32) -> Job {
-    let mut j = Job::new(nranks, 1);
+    steady_history(Job::new(nranks, 1), nranks)
+}
+
+/// [`steady`], with every rank on one node (a tensor-parallel group).
+fn steady_on_one_node(nranks: u32) -> Job {
+    steady_history(Job::new(1, nranks), nranks)
+}
+
+/// The history of [`steady`] for ranks `0..nranks` of `j`.
+fn steady_history(mut j: Job, nranks: u32) -> Job {
     // A long quiet history in a communicator of the same kind.
     for k in 1..=60u64 {
         let t = k as f64 * 0.1 - 6.5;
@@ -364,24 +373,6 @@ fn a_wait_nobody_reports_any_more_is_not_a_hang() {
     j.in_flight.clear();
     j.heartbeats(40.0);
     check(&j, IncidentKind::Hang, 40.0, None);
-}
-
-/// [`steady`], with every rank on one node (a tensor-parallel group).
-fn steady_on_one_node(nranks: u32) -> Job {
-    let mut j = Job::new(1, nranks);
-    for k in 1..=60u64 {
-        let t = k as f64 * 0.1 - 6.5;
-        for r in 0..nranks {
-            j.coll(8, r, k, t, Some(t + 0.05));
-        }
-    }
-    for seq in 1..=9u64 {
-        let t = seq as f64;
-        for r in 0..nranks {
-            j.coll(7, r, seq, t - 0.1, Some(t));
-        }
-    }
-    j
 }
 
 #[test]
