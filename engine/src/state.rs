@@ -907,6 +907,18 @@ impl JobState {
         })
     }
 
+    /// Rank `rank` (held) runs on `node`: a move invalidates cached placements
+    /// ([`JobState::inside_one_node`]).
+    fn put_on_node(&mut self, rank: u32, node: u32) {
+        if let Some(r) = self.ranks.get_mut(rank)
+            && r.node != node
+        {
+            r.node = node;
+            self.placements = self.placements.wrapping_add(1);
+        }
+        self.saw_node(node);
+    }
+
     /// A rank was placed on `node`.
     fn saw_node(&mut self, node: u32) {
         if node == NO_NODE {
@@ -1771,13 +1783,8 @@ fn apply_rank_info(job: &mut JobState, node: u32, info: &RankInfo, now: Timestam
     let Some(r) = job.rank_mut(info.rank) else {
         return;
     };
-    let moved = r.node != node;
-    r.node = node;
     r.gpu = info.gpu_index;
-    if moved {
-        job.placements = job.placements.wrapping_add(1);
-    }
-    job.saw_node(node);
+    job.put_on_node(info.rank, node);
     let Some(r) = job.ranks.get_mut(info.rank) else {
         return;
     };
@@ -2157,9 +2164,7 @@ fn place(job: &mut JobState, rank: u32, node: u32) {
     if let Some(r) = job.ranks.get_mut(rank)
         && r.node == NO_NODE
     {
-        r.node = node;
-        job.placements = job.placements.wrapping_add(1);
-        job.saw_node(node);
+        job.put_on_node(rank, node);
     }
 }
 

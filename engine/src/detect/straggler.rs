@@ -119,31 +119,33 @@ const SHARED_NOISE_RANKS: usize = 3;
 /// rank after rank, newest first: a node's ranks report in the same batches, so their
 /// iterations line up). 0 when fewer than three nodes qualify.
 fn shared_noise<'a>(nodes: impl Iterator<Item = (usize, &'a [f64])>, window: usize) -> f64 {
-    let mut medians: Vec<Vec<f64>> = Vec::new();
+    if window == 0 {
+        return 0.0;
+    }
+    // Every qualifying node's iteration medians in one buffer, `window` a node.
+    let mut medians: Vec<f64> = Vec::new();
     let mut column = Vec::new();
     for (ranks, pooled) in nodes {
-        if ranks < SHARED_NOISE_RANKS || window == 0 || pooled.len() != ranks * window {
+        if ranks < SHARED_NOISE_RANKS || pooled.len() != ranks * window {
             continue;
         }
-        let mut per_iteration = Vec::with_capacity(window);
         for j in 0..window {
             column.clear();
             column.extend(pooled.iter().skip(j).step_by(window));
-            per_iteration.push(median(&mut column).unwrap_or(0.0));
+            medians.push(median(&mut column).unwrap_or(0.0));
         }
-        medians.push(per_iteration);
     }
-    if medians.len() < 3 {
+    if medians.len() < 3 * window {
         return 0.0;
     }
-    let mut relative = Vec::with_capacity(medians.len() * window);
+    let mut relative = Vec::with_capacity(medians.len());
     for j in 0..window {
         column.clear();
-        column.extend(medians.iter().map(|m| m[j]));
+        column.extend(medians.iter().skip(j).step_by(window));
         let Some(job) = median(&mut column).filter(|m| *m > 1e-9) else {
             continue;
         };
-        relative.extend(medians.iter().map(|m| m[j] / job));
+        relative.extend(medians.iter().skip(j).step_by(window).map(|m| m / job));
     }
     robust_sigma(&relative)
 }
