@@ -2,16 +2,17 @@
 //! sources report it (the `warden_torch` capture socket, NCCL profiler segments), kept
 //! per job and cut into wire records once per flush with the redundancy the wire
 //! contract asks for: collectives still in flight are re-sent every batch, completions
-//! are carried once more in the next batch, exits and non-finite metrics are repeated,
-//! and rank and communicator registrations are re-sent every
+//! are carried once more in the next batch, each member's newest completion is repeated
+//! in every batch that holds nothing newer of it, exits and non-finite metrics are
+//! repeated, and rank and communicator registrations are re-sent every
 //! [`REGISTRATION_EVERY_NS`] so that a restarted controller learns them again.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use warden_model::wire::{
-    CollectiveEvent, CommInfo, JobSignals, LinkSample, LogRecord, ProcessState, RankInfo,
-    TrainingMetric,
+    CollectiveEvent, CommInfo, JobSignals, LinkSample, LogRecord, NewestCompletions, ProcessState,
+    RankInfo, TrainingMetric,
 };
 
 use tokio::sync::Notify;
@@ -71,6 +72,11 @@ struct JobBook {
     completed: Vec<CollectiveEvent>,
     /// Completions of the previous flush, sent once more.
     carried: Vec<CollectiveEvent>,
+    /// (comm, rank) → its newest completion, repeated in every batch that holds nothing
+    /// newer of that member: however many batches are lost in a row, the next one that
+    /// arrives says where each member stands (a rank quiet through a checkpoint looks
+    /// exactly like one stuck before its next collective otherwise).
+    newest: NewestCompletions,
     metrics: Vec<TrainingMetric>,
     logs: Vec<LogRecord>,
     processes: Vec<ProcessState>,
@@ -93,6 +99,7 @@ impl JobBook {
             && self.in_flight.is_empty()
             && self.completed.is_empty()
             && self.carried.is_empty()
+            && self.newest.is_empty()
             && self.metrics.is_empty()
             && self.logs.is_empty()
             && self.processes.is_empty()
@@ -178,6 +185,7 @@ impl Progress {
             book.dropped += 1;
             return;
         }
+        j.newest.saw(&ev);
         j.completed.push(ev);
     }
 
@@ -234,6 +242,7 @@ impl Progress {
         let j = book.jobs.entry(job.to_owned()).or_default();
         if !p.alive {
             j.in_flight.retain(|&(_, rank), _| rank != p.rank);
+            j.newest.forget_rank(p.rank);
             if j.ranks
                 .get(&p.rank)
                 .is_some_and(|r| r.pid == p.pid || p.pid == 0)
@@ -296,10 +305,15 @@ impl Progress {
             }
 
             // Older records first, so each rank's records keep the order they happened
-            // in: last flush's completions, this flush's, then what is in flight.
+            // in: the newest completions of members with nothing newer here, last
+            // flush's completions, this flush's, then what is in flight.
             let fresh = std::mem::take(&mut j.completed);
-            let mut collectives = std::mem::replace(&mut j.carried, fresh.clone());
+            let carried = std::mem::replace(&mut j.carried, fresh.clone());
+            let mut collectives = carried;
             collectives.extend(fresh);
+            let mut repeats = j.newest.repeats(&collectives, |_| true);
+            repeats.append(&mut collectives);
+            let mut collectives = repeats;
             collectives.extend(j.in_flight.values().flat_map(|m| m.values().cloned()));
             sig.collectives = collectives;
 
@@ -384,10 +398,57 @@ mod tests {
         let fourth = cut(&p, 4_000);
         assert_eq!(fourth[0].collectives, vec![coll(0, 1, 100, 300)], "carried");
         let fifth = cut(&p, 5_000);
-        assert!(fifth.is_empty() || fifth[0].collectives.is_empty());
+        assert_eq!(
+            fifth[0].collectives,
+            vec![coll(0, 1, 100, 300)],
+            "the member's newest, not carried twice more"
+        );
 
         let later = cut(&p, REGISTRATION_EVERY_NS + 6_000);
         assert_eq!(later[0].ranks.len(), 1, "registrations re-sent");
+    }
+
+    #[test]
+    fn however_many_batches_are_lost_the_next_one_says_where_each_member_stands() {
+        let p = Progress::default();
+        let other = |rank, seq, end| CollectiveEvent {
+            comm: 9,
+            ..coll(rank, seq, end - 10, end)
+        };
+        p.completed("j", coll(0, 1, 10, 20));
+        p.completed("j", coll(1, 1, 10, 20));
+        p.completed("j", other(0, 1, 30));
+        let _lost = cut(&p, 100);
+        p.completed("j", coll(0, 2, 110, 120));
+        p.completed("j", coll(0, 3, 130, 140));
+        let _lost = cut(&p, 200);
+        let _lost = cut(&p, 300);
+        p.completed("j", coll(0, 4, 310, 320));
+        // Rank 1 went quiet after seq 1 on comm 7, rank 0 after seq 1 on comm 9: both
+        // are said again, ahead of the newer records, while rank 0's seq 4 on comm 7
+        // needs no repeat of its seq 3.
+        let sig = cut(&p, 400);
+        assert_eq!(
+            sig[0].collectives,
+            vec![coll(1, 1, 10, 20), other(0, 1, 30), coll(0, 4, 310, 320)]
+        );
+        // An exit ends the repeats of the rank's members.
+        p.process(
+            "j",
+            ProcessState {
+                rank: 1,
+                pid: 11,
+                at_ns: 450,
+                alive: false,
+                exit_code: Some(0),
+                signal: None,
+                stopped: false,
+                from_log: false,
+            },
+        );
+        let sig = cut(&p, 500);
+        assert!(sig[0].collectives.iter().all(|c| c.rank == 0));
+        assert!(sig[0].collectives.contains(&other(0, 1, 30)));
     }
 
     #[test]

@@ -1890,6 +1890,11 @@ fn apply_collective(
     let Some(slot) = job.slot(ci, ev.rank) else {
         return false;
     };
+    if !ev.in_flight() && ev.seq <= job.comms[ci as usize].members[slot as usize].last_completed_seq
+    {
+        // A completion already known: agents repeat each member's newest on purpose.
+        return false;
+    }
     let start = Timestamp(ev.start_ns.saturating_sub(offset));
     let entered = ev.seq > job.comms[ci as usize].members[slot as usize].last_started_seq;
     if entered {

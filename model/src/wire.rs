@@ -9,9 +9,10 @@
 //!
 //! Redundancy is part of the contract: an agent repeats in-flight collectives, rank
 //! registrations and critical records (process exits, non-finite metrics, hardware
-//! events) in later batches, and carries each batch's completed collectives again in
-//! the next one, so the loss of one batch loses nothing; the controller treats every
-//! record as idempotent.
+//! events) in later batches, carries each batch's completed collectives again in the
+//! next one, so the loss of one batch loses nothing, and repeats each member's newest
+//! completion while it has nothing newer ([`NewestCompletions`]), so the loss of any
+//! number loses no member's position; the controller treats every record as idempotent.
 
 use bytes::{Buf, BufMut};
 use prost::Message;
@@ -370,6 +371,70 @@ impl CollectiveEvent {
     /// Whether the collective had not completed when the batch was cut.
     pub fn in_flight(&self) -> bool {
         self.end_ns == 0
+    }
+}
+
+/// Each member's (communicator, rank) newest completed collective, as an agent keeps it
+/// to repeat in every batch that holds nothing newer of that member. Completions are
+/// otherwise sent in two batches only, so two lost in a row would hide a member's last
+/// collective for as long as it stays quiet (a checkpoint, a long evaluation), and a
+/// rank that finished it would look stuck before it; with the repeat, the next batch
+/// that arrives says where every member stands, and a restarted controller learns it
+/// within one batch.
+#[derive(Debug, Clone, Default)]
+pub struct NewestCompletions {
+    by_member: std::collections::BTreeMap<(u64, u32), CollectiveEvent>,
+}
+
+impl NewestCompletions {
+    /// Most members kept for one job on one node (16 ranks in 4,096 communicators
+    /// each); later ones are not repeated.
+    pub const LIMIT: usize = 65_536;
+
+    /// A completion was sent: it is its member's newest unless a later one was.
+    pub fn saw(&mut self, ev: &CollectiveEvent) {
+        if ev.in_flight() {
+            return;
+        }
+        let key = (ev.comm, ev.rank);
+        if let Some(n) = self.by_member.get_mut(&key) {
+            if n.seq <= ev.seq {
+                n.clone_from(ev);
+            }
+        } else if self.by_member.len() < Self::LIMIT {
+            self.by_member.insert(key, ev.clone());
+        }
+    }
+
+    /// The rank exited: its members are no longer repeated.
+    pub fn forget_rank(&mut self, rank: u32) {
+        self.by_member.retain(|&(_, r), _| r != rank);
+    }
+
+    /// No member kept.
+    pub fn is_empty(&self) -> bool {
+        self.by_member.is_empty()
+    }
+
+    /// The newest completion of every member with no completion among `sent` (the
+    /// batch's other records) and whose rank `alive` accepts, in (communicator, rank)
+    /// order: what a batch repeats, ahead of its other records, which are newer.
+    pub fn repeats(
+        &self,
+        sent: &[CollectiveEvent],
+        alive: impl Fn(u32) -> bool,
+    ) -> Vec<CollectiveEvent> {
+        let mut have: Vec<(u64, u32)> = sent
+            .iter()
+            .filter(|c| !c.in_flight())
+            .map(|c| (c.comm, c.rank))
+            .collect();
+        have.sort_unstable();
+        self.by_member
+            .iter()
+            .filter(|(key, ev)| have.binary_search(key).is_err() && alive(ev.rank))
+            .map(|(_, ev)| ev.clone())
+            .collect()
     }
 }
 

@@ -6,7 +6,7 @@ use warden_model::Timestamp;
 
 use warden_model::wire::{
     Batch, CollOp, CollectiveEvent, CommInfo, EventSeverity, Heartbeat, JobSignals, LinkSample,
-    LogRecord, NodeEvent, ProcessState, RankInfo, TrainingMetric,
+    LogRecord, NewestCompletions, NodeEvent, ProcessState, RankInfo, TrainingMetric,
 };
 
 use crate::scenario::Capture;
@@ -186,6 +186,8 @@ pub struct Agent {
     repeats: Vec<(u8, Record)>,
     /// Collectives completed in the previous batch, carried again in the next one.
     last_completed: Vec<CollectiveEvent>,
+    /// Each member's newest completion, repeated while it has nothing newer.
+    newest: NewestCompletions,
     /// Batches built but lost on the way.
     pub failed_batches: u64,
     /// The capture path this agent reads.
@@ -214,6 +216,7 @@ impl Agent {
             link_totals: BTreeMap::new(),
             repeats: vec![],
             last_completed: vec![],
+            newest: NewestCompletions::default(),
             failed_batches: 0,
             capture,
             read_phase,
@@ -375,11 +378,20 @@ impl Agent {
             .filter(|c| c.end_ns != 0)
             .cloned()
             .collect();
+        for c in &fresh {
+            self.newest.saw(c);
+        }
         stats.collectives = sig.collectives.len() as u64;
         // Older records first: each rank's records stay in the order they happened.
         let mut carried = std::mem::replace(&mut self.last_completed, fresh);
         carried.append(&mut sig.collectives);
-        sig.collectives = carried;
+        // Members with nothing newer here repeat their newest completion (a dead rank's
+        // exit ended its repeats).
+        let mut repeats = self
+            .newest
+            .repeats(&carried, |r| virtual_ns(death[r as usize]) > t_ns);
+        repeats.append(&mut carried);
+        sig.collectives = repeats;
 
         let mut events = vec![];
         let mut sent_critical = vec![];
