@@ -308,12 +308,10 @@ impl Progress {
             // in: the newest completions of members with nothing newer here, last
             // flush's completions, this flush's, then what is in flight.
             let fresh = std::mem::take(&mut j.completed);
-            let carried = std::mem::replace(&mut j.carried, fresh.clone());
-            let mut collectives = carried;
-            collectives.extend(fresh);
-            let mut repeats = j.newest.repeats(&collectives, |_| true);
-            repeats.append(&mut collectives);
-            let mut collectives = repeats;
+            let mut completions = std::mem::replace(&mut j.carried, fresh.clone());
+            completions.extend(fresh);
+            let mut collectives = j.newest.repeats(&completions, |_| true);
+            collectives.append(&mut completions);
             collectives.extend(j.in_flight.values().flat_map(|m| m.values().cloned()));
             sig.collectives = collectives;
 

@@ -391,7 +391,7 @@ impl NewestCompletions {
     /// each); later ones are not repeated.
     pub const LIMIT: usize = 65_536;
 
-    /// A completion was sent: it is its member's newest unless a later one was.
+    /// A member completed `ev`: it is the member's newest unless a later one is kept.
     pub fn saw(&mut self, ev: &CollectiveEvent) {
         if ev.in_flight() {
             return;
